@@ -1,0 +1,27 @@
+"""The `quantkit` command line. Thin: each command parses options and calls one stage function."""
+
+from __future__ import annotations
+
+import typer
+
+from quantkit.cli import zoo
+from quantkit.cli._common import QuantkitGroup
+
+app = typer.Typer(
+    cls=QuantkitGroup,
+    name="quantkit",
+    help=(
+        "Offline post-training quantization for omni (image, video, audio, text) LLMs.\n\n"
+        "Flow: pool JSONL -> `calibrate` -> `quantize --recipe NAME` -> compressed-tensors checkpoint "
+        "that vLLM loads. Exit codes: 0 success, 1 a check failed, 2 bad input or usage."
+    ),
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(zoo.app, name="zoo")
+app.command("demo-pool")(zoo.demo_pool)
+
+
+def main() -> None:
+    app()

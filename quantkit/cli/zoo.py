@@ -1,0 +1,58 @@
+"""`quantkit zoo ...` and `quantkit demo-pool`: tiny models and media for tests and the demo."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from quantkit.cli._common import Force, OutputDir, Seed, console
+
+app = typer.Typer(help="Tiny random-weight models of the supported architectures (nothing is downloaded).")
+
+
+@app.command("list")
+def list_models() -> None:
+    """List the tiny models `zoo build` can write."""
+    from quantkit.zoo.models import ZOO
+
+    table = Table("name", "architecture", "inputs", "description")
+    for entry in ZOO.values():
+        table.add_row(entry.name, entry.architecture, ", ".join(("text", *entry.modalities)), entry.description)
+    console.print(table)
+
+
+@app.command("build")
+def build(
+    name: Annotated[str, typer.Argument(help="Zoo model name; see `quantkit zoo list`.")],
+    output: OutputDir,
+    seed: Seed = 0,
+    force: Force = False,
+) -> None:
+    """Write a tiny model folder (config, bf16 safetensors, tokenizer, processor) that
+    `AutoProcessor.from_pretrained` and `AutoModel*.from_pretrained` load.
+
+    Example: quantkit zoo build tiny-qwen2.5-omni --output models/omni
+    """
+    from quantkit.zoo.models import build_zoo_model
+
+    path = build_zoo_model(name, output, seed=seed, force=force)
+    console.print(f"wrote {name} to {path}")
+
+
+def demo_pool(
+    output: OutputDir,
+    per_task: Annotated[int, typer.Option(help="Samples per task and modality combination.")] = 12,
+    seed: Seed = 0,
+    force: Force = False,
+) -> None:
+    """Write the built-in demo pool: a JSONL in the ms-swift / LLaMA-Factory format with real
+    image, video and audio files made on the spot, covering every task family.
+
+    Example: quantkit demo-pool --output demo/pool && quantkit calibrate demo/pool/pool.jsonl ...
+    """
+    from quantkit.zoo.demo_pool import write_demo_pool
+
+    summary = write_demo_pool(output, per_task=per_task, seed=seed, force=force)
+    console.print(f"wrote {summary.records} records ({summary.media_files} media files) to {summary.jsonl}")
