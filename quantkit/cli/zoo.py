@@ -19,7 +19,9 @@ def list_models() -> None:
 
     table = Table("name", "architecture", "inputs", "description")
     for entry in ZOO.values():
-        table.add_row(entry.name, entry.architecture, ", ".join(("text", *entry.modalities)), entry.description)
+        table.add_row(
+            entry.name, entry.architecture, ", ".join(("text", *entry.modalities)), entry.description
+        )
     console.print(table)
 
 

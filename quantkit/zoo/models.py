@@ -82,7 +82,9 @@ def _video_kwargs(patch: int) -> dict:
 def _whisper_features():
     from transformers import WhisperFeatureExtractor
 
-    return WhisperFeatureExtractor(feature_size=128, sampling_rate=16000, hop_length=160, chunk_length=30, n_fft=400)
+    return WhisperFeatureExtractor(
+        feature_size=128, sampling_rate=16000, hop_length=160, chunk_length=30, n_fft=400
+    )
 
 
 def _build_qwen3(tokenizer):

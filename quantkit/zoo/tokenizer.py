@@ -148,7 +148,9 @@ def build_tokenizer(spec: TokenizerSpec) -> PreTrainedTokenizerFast:
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token=None,
-        additional_special_tokens=[t for t in spec.special_tokens if t not in ("<|endoftext|>", "<|im_end|>")],
+        additional_special_tokens=[
+            t for t in spec.special_tokens if t not in ("<|endoftext|>", "<|im_end|>")
+        ],
         model_max_length=32768,
         chat_template=chat_template(spec.family),
         padding_side="left",

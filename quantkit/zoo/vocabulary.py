@@ -3,17 +3,47 @@
 from __future__ import annotations
 
 PRODUCTS = [
-    "lipstick", "sneaker", "backpack", "teapot", "headphones", "jacket", "watch", "blender",
-    "perfume", "sunglasses", "umbrella", "kettle", "notebook", "lamp", "scarf", "phone case",
+    "lipstick",
+    "sneaker",
+    "backpack",
+    "teapot",
+    "headphones",
+    "jacket",
+    "watch",
+    "blender",
+    "perfume",
+    "sunglasses",
+    "umbrella",
+    "kettle",
+    "notebook",
+    "lamp",
+    "scarf",
+    "phone case",
 ]
 COLORS = ["red", "blue", "green", "black", "white", "yellow", "purple", "orange", "pink", "gray"]
 ADJECTIVES = [
-    "waterproof", "lightweight", "durable", "soft", "compact", "wireless", "organic", "classic",
-    "limited", "premium", "portable", "handmade",
+    "waterproof",
+    "lightweight",
+    "durable",
+    "soft",
+    "compact",
+    "wireless",
+    "organic",
+    "classic",
+    "limited",
+    "premium",
+    "portable",
+    "handmade",
 ]
 SELLING_POINTS = [
-    "free shipping today", "buy one get one free", "thirty percent off", "lifetime warranty",
-    "only fifty left in stock", "new spring collection", "gift box included", "vegan leather",
+    "free shipping today",
+    "buy one get one free",
+    "thirty percent off",
+    "lifetime warranty",
+    "only fifty left in stock",
+    "new spring collection",
+    "gift box included",
+    "vegan leather",
 ]
 SPEAKER_NAMES = ["host", "guest", "assistant host", "brand manager"]
 
@@ -54,5 +84,7 @@ def corpus_lines() -> list[str]:
             lines.append(f"A {color} {adjective} {product}: {point}. Price {(i + 1) * (j + 3) * 7} yuan.")
             lines.append(f"The {product} is {color}, {adjective}, and {point}.")
     for n in range(0, 1000, 7):
-        lines.append(f"{n} {n * 3 % 1000} [{n % 640}, {n * 7 % 480}, {(n * 13) % 640}, {(n * 17) % 480}] 00:{n % 60:02d}")
+        lines.append(
+            f"{n} {n * 3 % 1000} [{n % 640}, {n * 7 % 480}, {(n * 13) % 640}, {(n * 17) % 480}] 00:{n % 60:02d}"
+        )
     return lines

@@ -1,0 +1,106 @@
+"""Stage 2: calibration sets. Build one with :func:`build_calibration_set`; read one with
+:func:`load_calibration_set` (a ``datasets.Dataset``, one row per sample with its stratum fields)."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from quantkit.calibset.allocate import choose, proportional
+from quantkit.calibset.build import (
+    REPORT_FILE,
+    SAMPLES_FILE,
+    SET_FORMAT,
+    CalibrateOptions,
+    CalibrationSetResult,
+    build_calibration_set,
+)
+from quantkit.errors import InputError
+from quantkit.fsutil import sha256_file
+
+__all__ = [
+    "CalibrateOptions",
+    "CalibrationSetResult",
+    "build_calibration_set",
+    "load_calibration_report",
+    "load_calibration_set",
+    "stratified_subsample",
+]
+
+
+def load_calibration_report(path: Path) -> dict:
+    """The set's report.json, after checking the folder is a complete quantkit calibration set."""
+    path = Path(path)
+    report_path = path / REPORT_FILE
+    if not path.is_dir():
+        raise InputError("calibration set folder not found", path=path)
+    try:
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        report = None
+    if not isinstance(report, dict) or report.get("format") != SET_FORMAT:
+        raise InputError(
+            "not a quantkit calibration set (no valid report.json)",
+            path=path,
+            hint="make one with `quantkit calibrate`",
+        )
+    samples = path / report.get("samples_file", SAMPLES_FILE)
+    if not samples.is_file() or sha256_file(samples) != report.get("samples_sha256"):
+        raise InputError("the calibration set's samples file is missing or was changed", path=samples)
+    return report
+
+
+def load_calibration_set(path: Path):
+    """Load a calibration set folder as a ``datasets.Dataset``.
+
+    Columns: id, task, tier, weight, family, modality, bucket, stratum, messages (list of
+    {role, content}), images, videos, audios (absolute paths), tokens (None without --model),
+    source ("pool file:line").
+    """
+    import datasets
+
+    report = load_calibration_report(path)
+    samples = Path(path) / report.get("samples_file", SAMPLES_FILE)
+    with open(samples, encoding="utf-8") as handle:
+        rows = [json.loads(line) for line in handle if line.strip()]
+    features = datasets.Features(
+        {
+            "id": datasets.Value("string"),
+            "task": datasets.Value("string"),
+            "tier": datasets.Value("string"),
+            "weight": datasets.Value("float64"),
+            "family": datasets.Value("string"),
+            "modality": datasets.Value("string"),
+            "bucket": datasets.Value("string"),
+            "stratum": datasets.Value("string"),
+            "messages": datasets.List(
+                {"role": datasets.Value("string"), "content": datasets.Value("string")}
+            ),
+            "images": datasets.List(datasets.Value("string")),
+            "videos": datasets.List(datasets.Value("string")),
+            "audios": datasets.List(datasets.Value("string")),
+            "tokens": datasets.Value("int64"),
+            "source": datasets.Value("string"),
+        }
+    )
+    return datasets.Dataset.from_list(rows, features=features)
+
+
+def stratified_subsample(strata: list[str], count: int, *, seed: int = 0) -> list[int]:
+    """Indices of ``count`` samples that keep the strata's proportions (never the first ``count``).
+
+    Every stratum keeps at least one sample while ``count`` allows; when it does not, the largest
+    strata are kept first.
+    """
+    groups: dict[str, list[int]] = defaultdict(list)
+    for index, stratum in enumerate(strata):
+        groups[stratum].append(index)
+    if count >= len(strata):
+        return list(range(len(strata)))
+    if count < len(groups):
+        largest = sorted(groups, key=lambda s: (-len(groups[s]), s))[:count]
+        groups = {s: groups[s] for s in largest}
+    quotas = proportional({s: len(members) for s, members in groups.items()}, count)
+    picked = [i for s in sorted(quotas) for i in choose(groups[s], quotas[s], seed=seed, stratum=s)]
+    return sorted(picked)

@@ -1,0 +1,217 @@
+"""Stage 2: choose the calibration set from a pool, stratified by task x modality x size bucket."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from quantkit import __version__
+from quantkit.calibset.allocate import allocate, choose
+from quantkit.calibset.report import summarize, write_report_markdown
+from quantkit.errors import InputError
+from quantkit.fsutil import atomic_output_dir, check_output_free, sha256_file
+from quantkit.pool import PoolRecord, read_pool
+from quantkit.taxonomy import DEFAULT_TAXONOMY, Taxonomy, load_taxonomy
+
+SET_FORMAT = "quantkit-calibration-set"
+SET_VERSION = 1
+SAMPLES_FILE = "samples.jsonl"
+REPORT_FILE = "report.json"
+
+
+@dataclass(frozen=True)
+class CalibrateOptions:
+    size: int = 5000
+    seed: int = 0
+    taxonomy: Path | None = None
+    model: Path | None = None
+    max_seq_len: int | None = None
+    min_per_stratum: int = 2
+    task_field: str = "task"
+    skip_invalid: bool = False
+    allow_missing_tasks: bool = False
+    strict: bool = False
+    force: bool = False
+
+
+@dataclass
+class CalibrationSetResult:
+    output: Path
+    report: dict
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Hooks:
+    """Callbacks the CLI uses for progress; tests leave them empty."""
+
+    on_bytes: Callable[[int], None] | None = None
+    on_phase: Callable[[str], None] | None = None
+
+    def phase(self, text: str) -> None:
+        if self.on_phase is not None:
+            self.on_phase(text)
+
+
+def _validate_options(options: CalibrateOptions) -> None:
+    if options.size < 1:
+        raise InputError("--size must be at least 1")
+    if options.max_seq_len is not None and options.model is None:
+        raise InputError("--max-seq-len needs --model", hint="token counts come from the model's processor")
+    if options.max_seq_len is not None and options.max_seq_len < 1:
+        raise InputError("--max-seq-len must be at least 1")
+
+
+def _missing_tasks(taxonomy: Taxonomy, records: list[PoolRecord]) -> list[str]:
+    present = {record.task for record in records}
+    return [task.name for task in taxonomy.tasks if task.name not in present]
+
+
+def build_calibration_set(
+    pools: list[Path],
+    output: Path,
+    options: CalibrateOptions = CalibrateOptions(),
+    *,
+    on_bytes: Callable[[int], None] | None = None,
+    on_phase: Callable[[str], None] | None = None,
+) -> CalibrationSetResult:
+    """Read ``pools``, choose ``options.size`` samples and write the set folder at ``output``.
+
+    Same inputs and seed give a byte-identical folder. Raises InputError (nothing written) for
+    bad input: malformed records, unknown tasks, missing media, missing tasks, too small a pool
+    under ``strict``.
+    """
+    hooks = _Hooks(on_bytes, on_phase)
+    output = Path(output)
+    _validate_options(options)
+    check_output_free(output, options.force)
+    taxonomy_path = Path(options.taxonomy) if options.taxonomy else DEFAULT_TAXONOMY
+    taxonomy = load_taxonomy(taxonomy_path)
+
+    processor = image_rule = None
+    if options.model is not None:
+        from quantkit.calibset.tokens import image_rule_of, load_processor
+
+        processor = load_processor(options.model)
+        image_rule = image_rule_of(processor)
+
+    hooks.phase("reading pool")
+    pool = read_pool(
+        pools,
+        taxonomy,
+        image_rule=image_rule,
+        task_field=options.task_field,
+        skip_invalid=options.skip_invalid,
+        on_bytes=hooks.on_bytes,
+    )
+    notes: list[str] = []
+    missing = _missing_tasks(taxonomy, pool.records)
+    if missing and not options.allow_missing_tasks:
+        raise InputError(
+            f"{len(missing)} task(s) of the taxonomy have no sample in the pool: {', '.join(missing)}",
+            hint="every trained task must be calibrated; add samples, or pass --allow-missing-tasks",
+        )
+    if missing:
+        notes.append(f"tasks without samples (allowed): {', '.join(missing)}")
+
+    tokens: dict[int, int] = {}
+    too_long: list[PoolRecord] = []
+    records = pool.records
+    if processor is not None:
+        from quantkit.calibset.tokens import TokenCounter
+
+        hooks.phase("counting tokens")
+        counter = TokenCounter(processor)
+        kept = []
+        for record in records:
+            count = counter(json.loads(record.payload))
+            tokens[id(record)] = count
+            if options.max_seq_len is not None and count > options.max_seq_len:
+                too_long.append(record)
+            else:
+                kept.append(record)
+        records = kept
+        if too_long:
+            notes.append(f"{len(too_long)} sample(s) over --max-seq-len {options.max_seq_len} left out")
+        if not records:
+            raise InputError(f"every sample is longer than --max-seq-len {options.max_seq_len}")
+
+    hooks.phase("allocating")
+    by_stratum: dict[str, list[PoolRecord]] = defaultdict(list)
+    for record in records:
+        by_stratum[record.stratum].append(record)
+    for members in by_stratum.values():
+        members.sort(key=lambda r: (r.record_id, r.source, r.line))
+    weights = {s: taxonomy.weight(taxonomy.resolve(m[0].task)) for s, m in by_stratum.items()}
+    available = {s: len(m) for s, m in by_stratum.items()}
+    if len(records) < options.size:
+        message = f"the pool has {len(records)} usable samples, fewer than --size {options.size}"
+        if options.strict:
+            raise InputError(message, hint="add samples, lower --size, or drop --strict to use them all")
+        notes.append(message + "; all are used")
+    counts = allocate(available, weights, options.size, floor=options.min_per_stratum)
+    selected = [
+        record
+        for stratum in sorted(counts)
+        for record in choose(by_stratum[stratum], counts[stratum], seed=options.seed, stratum=stratum)
+    ]
+
+    rows = [_row(record, taxonomy, tokens.get(id(record))) for record in selected]
+    report = summarize(
+        taxonomy=taxonomy,
+        pool=pool,
+        usable=records,
+        selected=selected,
+        tokens={r.record_id: tokens[id(r)] for r in selected} if tokens else None,
+        too_long=too_long,
+    )
+    report.update(
+        {
+            "format": SET_FORMAT,
+            "version": SET_VERSION,
+            "quantkit_version": __version__,
+            "samples_file": SAMPLES_FILE,
+            "size_requested": options.size,
+            "size": len(rows),
+            "seed": options.seed,
+            "min_per_stratum": options.min_per_stratum,
+            "max_seq_len": options.max_seq_len,
+            "model": str(Path(options.model).resolve()) if options.model else None,
+            "taxonomy": {"path": str(taxonomy_path.resolve()), "sha256": sha256_file(taxonomy_path)},
+            "inputs": pool.inputs,
+            "notes": notes,
+        }
+    )
+    hooks.phase("writing")
+    with atomic_output_dir(output, force=options.force) as staging:
+        samples_path = staging / SAMPLES_FILE
+        with open(samples_path, "w", encoding="utf-8") as handle:
+            for row in rows:
+                handle.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
+        report["samples_sha256"] = sha256_file(samples_path)
+        (staging / REPORT_FILE).write_text(
+            json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+        )
+        write_report_markdown(report, staging / "report.md")
+    return CalibrationSetResult(output=output, report=report, notes=notes)
+
+
+def _row(record: PoolRecord, taxonomy: Taxonomy, tokens: int | None) -> dict:
+    task = taxonomy.resolve(record.task)
+    row = json.loads(record.payload)
+    row.update(
+        {
+            "tier": task.tier,
+            "weight": taxonomy.weight(task),
+            "family": task.family,
+            "modality": record.modality,
+            "bucket": record.bucket,
+            "stratum": record.stratum,
+            "tokens": tokens,
+            "source": f"{record.source}:{record.line}",
+        }
+    )
+    return row

@@ -1,0 +1,136 @@
+"""What a calibration set holds, by task, tier, modality and bucket: for report.json, report.md and
+the table `quantkit calibrate` prints."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from quantkit.pool import PoolReadResult, PoolRecord
+from quantkit.taxonomy import Taxonomy
+
+
+def _breakdown(pool: list[PoolRecord], selected: list[PoolRecord], key) -> list[dict]:
+    in_pool, chosen = Counter(map(key, pool)), Counter(map(key, selected))
+    total = max(1, len(selected))
+    return [
+        {
+            "name": name,
+            "pool": in_pool[name],
+            "selected": chosen[name],
+            "share": round(chosen[name] / total, 4),
+        }
+        for name in sorted(in_pool)
+    ]
+
+
+def _stats(values: list[int]) -> dict:
+    ordered = sorted(values)
+
+    def pct(p: float) -> int:
+        return ordered[min(len(ordered) - 1, int(round(p * (len(ordered) - 1))))]
+
+    return {
+        "min": ordered[0],
+        "mean": round(sum(ordered) / len(ordered), 1),
+        "p50": pct(0.5),
+        "p95": pct(0.95),
+        "max": ordered[-1],
+        "total": sum(ordered),
+    }
+
+
+def summarize(
+    *,
+    taxonomy: Taxonomy,
+    pool: PoolReadResult,
+    usable: list[PoolRecord],
+    selected: list[PoolRecord],
+    tokens: dict[str, int] | None,
+    too_long: list[PoolRecord],
+) -> dict:
+    tasks = []
+    by_task_pool = Counter(r.task for r in usable)
+    by_task_sel = Counter(r.task for r in selected)
+    total = max(1, len(selected))
+    for task in taxonomy.tasks:
+        tasks.append(
+            {
+                "name": task.name,
+                "tier": task.tier,
+                "weight": taxonomy.weight(task),
+                "pool": by_task_pool[task.name],
+                "selected": by_task_sel[task.name],
+                "share": round(by_task_sel[task.name] / total, 4),
+            }
+        )
+    pool_strata = {r.stratum for r in usable}
+    chosen_strata = {r.stratum for r in selected}
+    skipped = Counter(s.reason.split(":")[0] for s in pool.skipped)
+    return {
+        "pool_records": len(usable) + len(too_long),
+        "tasks": tasks,
+        "tiers": _breakdown(usable, selected, lambda r: taxonomy.resolve(r.task).tier),
+        "modalities": _breakdown(usable, selected, lambda r: r.modality),
+        "buckets": _breakdown(usable, selected, lambda r: r.bucket),
+        "strata": _breakdown(usable, selected, lambda r: r.stratum),
+        "coverage": {
+            "tasks_in_taxonomy": len(taxonomy.tasks),
+            "tasks_selected": len({r.task for r in selected}),
+            "strata_in_pool": len(pool_strata),
+            "strata_selected": len(chosen_strata),
+            "strata_missing": sorted(pool_strata - chosen_strata),
+        },
+        "tokens": _stats(list(tokens.values())) if tokens else None,
+        "too_long": {
+            "count": len(too_long),
+            "by_task": dict(sorted(Counter(r.task for r in too_long).items())),
+        },
+        "skipped": {
+            "count": len(pool.skipped),
+            "by_reason": dict(sorted(skipped.items())),
+            "records": [{"source": s.source, "line": s.line, "reason": s.reason} for s in pool.skipped[:100]],
+        },
+        "duplicates_dropped": pool.duplicates,
+        "modality_not_listed_for_task": dict(sorted(pool.modality_mismatches.items())),
+    }
+
+
+def _table(title: str, rows: list[dict], columns: list[str]) -> list[str]:
+    lines = [f"## {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        cells = [f"{row[c] * 100:.1f}%" if c == "share" else str(row[c]) for c in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def write_report_markdown(report: dict, path: Path) -> None:
+    cov = report["coverage"]
+    lines = [
+        "# Calibration set",
+        "",
+        f"- samples: {report['size']} of {report['size_requested']} requested, "
+        f"from {report['pool_records']} usable pool records (seed {report['seed']})",
+        f"- coverage: {cov['tasks_selected']}/{cov['tasks_in_taxonomy']} tasks, "
+        f"{cov['strata_selected']}/{cov['strata_in_pool']} strata (task x modality x size bucket)",
+        f"- exact duplicates dropped: {report['duplicates_dropped']}; invalid records skipped: "
+        f"{report['skipped']['count']}; over max length: {report['too_long']['count']}",
+        f"- samples file: `{report['samples_file']}` (sha256 {report['samples_sha256'][:16]}...)",
+        "",
+    ]
+    lines += _table("By task", report["tasks"], ["name", "tier", "weight", "pool", "selected", "share"])
+    lines += _table("By tier", report["tiers"], ["name", "pool", "selected", "share"])
+    lines += _table("By modality", report["modalities"], ["name", "pool", "selected", "share"])
+    lines += _table("By size bucket", report["buckets"], ["name", "pool", "selected", "share"])
+    if report["tokens"]:
+        stats = report["tokens"]
+        lines += [
+            "## Tokens per sample",
+            "",
+            f"min {stats['min']}, mean {stats['mean']}, p50 {stats['p50']}, p95 {stats['p95']}, "
+            f"max {stats['max']}, total {stats['total']}",
+            "",
+        ]
+    if report["notes"]:
+        lines += ["## Notes", "", *[f"- {note}" for note in report["notes"]], ""]
+    path.write_text("\n".join(lines), encoding="utf-8")
