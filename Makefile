@@ -20,6 +20,8 @@ demo: install
 	rm -rf $(DEMO)
 	$(BIN)/quantkit zoo build tiny-qwen2.5-omni --output $(DEMO)/models/tiny-qwen2.5-omni
 	$(BIN)/quantkit demo-pool --output $(DEMO)/pool
+	$(BIN)/quantkit calibrate $(DEMO)/pool/pool.jsonl --output $(DEMO)/calib --size 120 \
+		--model $(DEMO)/models/tiny-qwen2.5-omni --max-seq-len 2048
 
 test: install
 	$(BIN)/python -m pytest

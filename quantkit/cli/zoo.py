@@ -17,7 +17,10 @@ def list_models() -> None:
     """List the tiny models `zoo build` can write."""
     from quantkit.zoo.models import ZOO
 
-    table = Table("name", "architecture", "inputs", "description")
+    table = Table()
+    table.add_column("name", no_wrap=True)
+    for header in ("architecture", "inputs", "description"):
+        table.add_column(header)
     for entry in ZOO.values():
         table.add_row(
             entry.name, entry.architecture, ", ".join(("text", *entry.modalities)), entry.description
