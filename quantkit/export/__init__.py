@@ -1,0 +1,56 @@
+"""Writing a quantized checkpoint: compressed-tensors weights, sidecar files, quantkit.json, model card."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from quantkit.errors import CheckFailed
+from quantkit.export.card import render_model_card
+from quantkit.export.files import SIDECAR_FILES, copy_sidecar_files
+from quantkit.export.metadata import (
+    METADATA_FILE,
+    library_versions,
+    peak_rss_mb,
+    read_metadata,
+    write_metadata,
+)
+
+__all__ = [
+    "METADATA_FILE",
+    "SIDECAR_FILES",
+    "checkpoint_format",
+    "copy_sidecar_files",
+    "library_versions",
+    "peak_rss_mb",
+    "read_metadata",
+    "render_model_card",
+    "write_checkpoint",
+    "write_metadata",
+]
+
+
+def checkpoint_format(directory: Path) -> str | None:
+    """The compressed-tensors ``format`` recorded in a checkpoint's config.json."""
+    config = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+    return (config.get("quantization_config") or {}).get("format")
+
+
+def write_checkpoint(
+    model: torch.nn.Module, directory: Path, *, source: Path, metadata: dict, expected_format: str
+) -> list[str]:
+    """Save ``model`` compressed into ``directory`` (a staging folder) with everything a server needs.
+
+    Fails (CheckFailed) if config.json does not carry the format the recipe implies.
+    """
+    directory = Path(directory)
+    model.save_pretrained(directory, save_compressed=True)
+    copy_sidecar_files(source, directory)
+    found = checkpoint_format(directory)
+    if found != expected_format:
+        raise CheckFailed(f"the checkpoint's quantization_config format is {found!r}, expected {expected_format!r}")
+    write_metadata(directory, metadata)
+    (directory / "README.md").write_text(render_model_card(metadata), encoding="utf-8")
+    return sorted(p.name for p in directory.iterdir())

@@ -1,0 +1,257 @@
+"""Model adapters: what quantkit needs to know about an architecture, as data.
+
+An adapter says how to load a checkpoint, where its language model lives, what stays in full
+precision, which SmoothQuant mappings balance which norms, and which llmcompressor pipeline
+calibrates it correctly. The built-in adapters are YAML files in ``recipes/adapters/``; a user
+adapter with the same fields (``--adapter FILE``) covers a custom architecture.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from quantkit.datafile import load_yaml_model
+from quantkit.errors import InputError
+
+ADAPTERS_DIR = Path(__file__).resolve().parents[2] / "recipes" / "adapters"
+AUTO_CLASSES = ("AutoModelForCausalLM", "AutoModelForImageTextToText")
+MODULE_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")
+
+Group = Literal["language_model", "vision", "audio", "head", "other"]
+GROUPS: tuple[Group, ...] = ("language_model", "vision", "audio", "head", "other")
+
+
+def _check_pattern(pattern: str) -> str:
+    """A module pattern is an exact module name or ``re:`` + a regular expression (compressed-tensors)."""
+    if pattern.startswith("re:"):
+        try:
+            re.compile(pattern[3:])
+        except re.error as err:
+            raise ValueError(f"bad regular expression {pattern!r}: {err}") from None
+    elif not MODULE_PATH.match(pattern):
+        raise ValueError(f"{pattern!r} is neither a module name nor a 're:' pattern")
+    return pattern
+
+
+def matches(name: str, pattern: str) -> bool:
+    """The same rule compressed-tensors applies: ``re:`` patterns match from the start, others exactly."""
+    if pattern.startswith("re:"):
+        return re.match(pattern[3:], name) is not None
+    return name == pattern
+
+
+def matches_any(name: str, patterns: Iterable[str]) -> bool:
+    return any(matches(name, pattern) for pattern in patterns)
+
+
+def is_under(name: str, path: str | None) -> bool:
+    """``name`` is the module at ``path`` or inside it ("" is the whole model)."""
+    if path is None:
+        return False
+    return path == "" or name == path or name.startswith(path + ".")
+
+
+class KeepRule(BaseModel):
+    """Modules that stay in full precision, and why (the reason goes into the model card)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pattern: str
+    reason: str
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern(cls, value: str) -> str:
+        return _check_pattern(value)
+
+
+class SmoothQuantMapping(BaseModel):
+    """Layers fed by one norm (``balance``) and that norm (``smooth``), as llmcompressor's
+    SmoothQuantModifier takes them: ``[[balance...], smooth]``. Anchor every pattern to the
+    language model (``re:^model\\.layers\\.\\d+\\....$``): bare ``re:.*q_proj`` also hits the
+    audio tower's attention."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    balance: list[str] = Field(min_length=1)
+    smooth: str
+
+    @field_validator("balance")
+    @classmethod
+    def _balance_patterns(cls, value: list[str]) -> list[str]:
+        return [_check_pattern(v) for v in value]
+
+    @field_validator("smooth")
+    @classmethod
+    def _smooth_pattern(cls, value: str) -> str:
+        return _check_pattern(value)
+
+    def as_library_mapping(self) -> list:
+        return [list(self.balance), self.smooth]
+
+
+class KnownFailure(BaseModel):
+    """A recipe scheme whose checkpoint a serving library cannot load for this architecture."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schemes: list[str] = Field(min_length=1)
+    reason: str
+
+
+class Adapter(BaseModel):
+    """Everything quantkit needs to know about one architecture."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    description: str = ""
+    architectures: list[str] = Field(min_length=1, description="config.json `architectures` it serves")
+    auto_class: Literal["AutoModelForCausalLM", "AutoModelForImageTextToText"]
+    trust_remote_code: bool = False
+    language_model: str = Field(description="module path of the language model, e.g. model.language_model")
+    decoder_layer: str = Field(description="class name of the language model's decoder layer")
+    vision_tower: str | None = None
+    audio_tower: str | None = None
+    head: list[str] = Field(default_factory=lambda: ["lm_head"])
+    keep: list[KeepRule] = Field(default_factory=list)
+    pipeline: Literal["sequential", "basic"]
+    smoothquant_mappings: list[SmoothQuantMapping] = Field(default_factory=list)
+    known_failures: list[KnownFailure] = Field(default_factory=list)
+
+    @field_validator("language_model", "vision_tower", "audio_tower")
+    @classmethod
+    def _module_path(cls, value: str | None) -> str | None:
+        if value is not None and not MODULE_PATH.match(value):
+            raise ValueError(f"{value!r} is not a module path like 'model.language_model'")
+        return value
+
+    @field_validator("head")
+    @classmethod
+    def _head_names(cls, value: list[str]) -> list[str]:
+        return [_check_pattern(v) for v in value]
+
+    @model_validator(mode="after")
+    def _towers_outside_language_model(self) -> Adapter:
+        for tower in (self.vision_tower, self.audio_tower):
+            if tower is not None and is_under(tower, self.language_model):
+                raise ValueError(f"tower {tower!r} lies inside the language model {self.language_model!r}")
+        return self
+
+    # ------------------------------------------------------------------ module groups
+
+    @property
+    def keep_patterns(self) -> list[str]:
+        return [rule.pattern for rule in self.keep]
+
+    def group_of(self, name: str) -> Group:
+        """Which part of the model a module belongs to (towers win over a too-wide LM path)."""
+        if is_under(name, self.vision_tower):
+            return "vision"
+        if is_under(name, self.audio_tower):
+            return "audio"
+        if matches_any(name, self.head):
+            return "head"
+        if is_under(name, self.language_model):
+            return "language_model"
+        return "other"
+
+    def keep_reason(self, name: str) -> str | None:
+        for rule in self.keep:
+            if matches(name, rule.pattern):
+                return rule.reason
+        return None
+
+    def should_quantize(self, name: str) -> bool:
+        """The positive rule: a Linear is quantized iff it is in the language model and not kept."""
+        return self.group_of(name) == "language_model" and self.keep_reason(name) is None
+
+    def known_failure(self, scheme: str) -> KnownFailure | None:
+        return next((f for f in self.known_failures if scheme.upper() in {s.upper() for s in f.schemes}), None)
+
+    # ------------------------------------------------------------------ loading
+
+    def _auto(self):
+        import transformers
+
+        return getattr(transformers, self.auto_class)
+
+    def load_model(self, model_dir: Path, *, dtype: torch.dtype) -> torch.nn.Module:
+        """Load real weights in ``dtype`` (float32 for calibration: faster on CPUs, see notes)."""
+        model = self._auto().from_pretrained(model_dir, dtype=dtype, trust_remote_code=self.trust_remote_code)
+        return model.eval()
+
+    def meta_model(self, model_dir: Path) -> torch.nn.Module:
+        """The model's module tree on the ``meta`` device: no weights read, no memory used."""
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model_dir, trust_remote_code=self.trust_remote_code)
+        with torch.device("meta"):
+            return self._auto().from_config(config, trust_remote_code=self.trust_remote_code)
+
+    def load_processor(self, model_dir: Path):
+        """The model's processor; a bare tokenizer for text models (what processor_inputs expects)."""
+        from transformers import AutoProcessor, AutoTokenizer
+
+        if self.vision_tower is None and self.audio_tower is None:
+            return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=self.trust_remote_code)
+        return AutoProcessor.from_pretrained(model_dir, trust_remote_code=self.trust_remote_code)
+
+
+# ---------------------------------------------------------------------- registry
+
+
+def builtin_adapter_files() -> list[Path]:
+    return sorted(ADAPTERS_DIR.glob("*.yaml"))
+
+
+def load_adapter_file(path: Path) -> Adapter:
+    """A user adapter YAML; errors name the file, the line and the field."""
+    return load_yaml_model(Path(path), Adapter, what="adapter")
+
+
+def builtin_adapters() -> list[Adapter]:
+    return [load_adapter_file(path) for path in builtin_adapter_files()]
+
+
+def model_architecture(model_dir: Path) -> str:
+    """``architectures[0]`` from config.json, read without transformers."""
+    config_path = Path(model_dir) / "config.json"
+    if not config_path.is_file():
+        raise InputError("not a model folder: config.json is missing", path=model_dir)
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise InputError(f"config.json is not valid JSON: {err.msg}", path=config_path, line=err.lineno) from None
+    architectures = config.get("architectures") or []
+    if not architectures:
+        raise InputError("config.json names no architecture", path=config_path, hint="add 'architectures'")
+    return architectures[0]
+
+
+def adapter_for(model_dir: Path, adapter: Adapter | Path | None = None) -> Adapter:
+    """The adapter for a model folder: the one given (object or YAML path) or the built-in one
+    whose ``architectures`` lists the checkpoint's architecture."""
+    if isinstance(adapter, Adapter):
+        return adapter
+    if adapter is not None:
+        return load_adapter_file(Path(adapter))
+    architecture = model_architecture(model_dir)
+    known = builtin_adapters()
+    for candidate in known:
+        if architecture in candidate.architectures:
+            return candidate
+    names = sorted(a for candidate in known for a in candidate.architectures)
+    raise InputError(
+        f"no built-in adapter for architecture {architecture!r}",
+        path=Path(model_dir) / "config.json",
+        hint=f"supported: {', '.join(names)}; for another architecture write an adapter YAML "
+        "(see recipes/adapters/README.md) and pass --adapter FILE",
+    )

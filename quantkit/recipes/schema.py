@@ -1,0 +1,73 @@
+"""The recipe file format: which scheme, which algorithm, and the few knobs worth turning."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# compressed-tensors preset schemes quantkit supports, and the checkpoint format each one writes.
+SCHEME_FORMATS: dict[str, str] = {
+    "W8A8": "int-quantized",  # int8 per-channel weights, dynamic per-token int8 activations
+    "W4A16": "pack-quantized",  # int4 weights packed in int32, group 128
+    "FP8": "float-quantized",  # per-tensor FP8 weights, static per-tensor input scale
+    "FP8_DYNAMIC": "float-quantized",  # per-channel FP8 weights, dynamic per-token activations
+}
+# Schemes whose activations are quantized with scales fixed from calibration data.
+STATIC_ACTIVATION_SCHEMES = {"FP8"}
+# Schemes that quantize activations at all (SmoothQuant only helps those).
+ACTIVATION_SCHEMES = {"W8A8", "FP8", "FP8_DYNAMIC"}
+
+# llmcompressor 0.14 GPTQModifier defaults (tests compare them with the library).
+GPTQ_DEFAULT_ACTORDER = "static"
+GPTQ_DEFAULT_DAMPENING_FRAC = 0.01
+
+Scheme = Literal["W8A8", "W4A16", "FP8", "FP8_DYNAMIC"]
+ActOrder = Literal["static", "weight", "group", "dynamic"]
+
+
+class Recipe(BaseModel):
+    """A quantization recipe (``recipes/NAME.yaml`` or a user file)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    description: str = ""
+    hardware: str = Field(description="where the checkpoint is meant to run fast")
+    scheme: Scheme
+    method: Literal["gptq", "rtn"] = Field(
+        description="gptq: GPTQ weight rounding from calibration data; rtn: round-to-nearest "
+        "(llmcompressor QuantizationModifier; static activation scales still come from data)"
+    )
+    smoothquant_strength: float | None = Field(default=None, gt=0.0, le=1.0)
+    actorder: ActOrder | None = GPTQ_DEFAULT_ACTORDER
+    dampening_frac: float = Field(default=GPTQ_DEFAULT_DAMPENING_FRAC, gt=0.0, lt=1.0)
+    kv_cache_fp8: bool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Recipe:
+        if self.smoothquant_strength is not None and self.scheme not in ACTIVATION_SCHEMES:
+            raise ValueError(f"smoothquant_strength: SmoothQuant only helps schemes that quantize activations, not {self.scheme}")
+        if self.method != "gptq":
+            stray = {"actorder", "dampening_frac"} & self.model_fields_set
+            if stray:
+                raise ValueError(f"{', '.join(sorted(stray))}: GPTQ settings need method: gptq")
+        return self
+
+    @property
+    def needs_data(self) -> bool:
+        """Whether calibration samples are required (data-free recipes ignore them)."""
+        return (
+            self.method == "gptq"
+            or self.smoothquant_strength is not None
+            or self.scheme in STATIC_ACTIVATION_SCHEMES
+            or self.kv_cache_fp8
+        )
+
+    @property
+    def checkpoint_format(self) -> str:
+        """The compressed-tensors ``format`` the checkpoint's quantization_config will carry."""
+        return SCHEME_FORMATS[self.scheme]
+
+    def with_kv_cache_fp8(self, enabled: bool = True) -> Recipe:
+        return self.model_copy(update={"kv_cache_fp8": enabled})
