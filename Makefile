@@ -5,7 +5,11 @@ BIN    := $(VENV)/bin
 DEMO   ?= demo-out
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-quick lint clean
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+TV_META := $(VLLM_VENV)/lib/python3.11/site-packages/torchvision/_meta_registrations.py
+
+.PHONY: install vllm-env demo test test-quick lint clean
 
 install: $(STAMP)
 
@@ -14,6 +18,19 @@ $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+# vLLM pins another torch and compressed-tensors than llmcompressor: it gets its own venv.
+# torchvision 0.28.0 on the registry is a CUDA build: its C ops fail to load beside the CPU torch,
+# and two unguarded fake-op registrations then break `import torchvision`. The sed guards them
+# the way the file already guards the others, so VL processors (pure Python) work.
+vllm-env: $(VLLM_STAMP)
+
+$(VLLM_STAMP): requirements-vllm.lock
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-vllm.lock
+	sed -i 's/^@torch.library.register_fake("torchvision::\(q\?nms\)")/@(torch.library.register_fake("torchvision::\1") if torchvision.extension._has_ops() else (lambda fn: fn))/' $(TV_META)
+	$(VLLM_VENV)/bin/python -c "import vllm, torchvision.transforms.v2"
 	touch $@
 
 demo: install

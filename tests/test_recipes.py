@@ -20,7 +20,9 @@ from quantkit.recipes import (
 
 TARGETS = [r"re:^model\.layers\.\d+\.self_attn\.(q_proj|k_proj|v_proj|o_proj)$"]
 IGNORE = ["lm_head", r"re:^visual(\.|$)"]
-SQ_MAPPINGS = [[[r"re:^model\.layers\.\d+\.self_attn\.(q|k|v)_proj$"], r"re:^model\.layers\.\d+\.input_layernorm$"]]
+SQ_MAPPINGS = [
+    [[r"re:^model\.layers\.\d+\.self_attn\.(q|k|v)_proj$"], r"re:^model\.layers\.\d+\.input_layernorm$"]
+]
 
 
 def test_builtin_recipes_listed_with_scheme_data_needs_and_hardware():
@@ -73,7 +75,9 @@ def test_unknown_name_suggests_the_closest():
 
 def test_resolve_takes_a_name_or_a_file(tmp_path: Path):
     path = tmp_path / "mine.yaml"
-    path.write_text("name: mine\nhardware: H100\nscheme: W4A16\nmethod: gptq\nactorder: null\ndampening_frac: 0.05\n")
+    path.write_text(
+        "name: mine\nhardware: H100\nscheme: W4A16\nmethod: gptq\nactorder: null\ndampening_frac: 0.05\n"
+    )
     recipe = resolve_recipe(path)
     assert (recipe.name, recipe.actorder, recipe.dampening_frac) == ("mine", None, 0.05)
     assert resolve_recipe("fp8").scheme == "FP8"
@@ -99,7 +103,10 @@ def test_unknown_field_is_rejected_at_its_line(tmp_path: Path):
 @pytest.mark.parametrize(
     "body, field",
     [
-        ("scheme: W4A16\nmethod: gptq\nsmoothquant_strength: 0.5\n", "smoothquant"),  # weight-only: SQ is pointless
+        (
+            "scheme: W4A16\nmethod: gptq\nsmoothquant_strength: 0.5\n",
+            "smoothquant",
+        ),  # weight-only: SQ is pointless
         ("scheme: FP8\nmethod: rtn\nactorder: group\n", "actorder"),  # GPTQ setting without GPTQ
         ("scheme: NVFP4\nmethod: rtn\n", "scheme"),
         ("scheme: W8A8\nmethod: awq\n", "method"),
@@ -117,7 +124,9 @@ def test_w8a8_builds_smoothquant_then_gptq_on_the_given_targets():
     from llmcompressor.modifiers.quantization import GPTQModifier
     from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
 
-    smooth, gptq = build_modifiers(get_recipe("w8a8-sq-gptq"), targets=TARGETS, ignore=IGNORE, smoothquant_mappings=SQ_MAPPINGS)
+    smooth, gptq = build_modifiers(
+        get_recipe("w8a8-sq-gptq"), targets=TARGETS, ignore=IGNORE, smoothquant_mappings=SQ_MAPPINGS
+    )
     assert isinstance(smooth, SmoothQuantModifier) and smooth.smoothing_strength == 0.8
     assert smooth.mappings == SQ_MAPPINGS
     assert isinstance(gptq, GPTQModifier)

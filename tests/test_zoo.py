@@ -28,8 +28,19 @@ def media(tmp_path_factory) -> dict[str, Path]:
     write_wav(root / "a.wav", 0.3 * np.sin(2 * np.pi * 220 * t))
     frames = [np.full((64, 96, 3), 20 * i, np.uint8) for i in range(8)]
     write_mp4(root / "v.mp4", iter(frames), (96, 64), 4)
-    write_mp4(root / "va.mp4", iter(frames), (96, 64), 4, audio=(0.3 * np.sin(2 * np.pi * 330 * t)).astype(np.float32))
-    return {"image": root / "a.png", "audio": root / "a.wav", "video": root / "v.mp4", "video+audio": root / "va.mp4"}
+    write_mp4(
+        root / "va.mp4",
+        iter(frames),
+        (96, 64),
+        4,
+        audio=(0.3 * np.sin(2 * np.pi * 330 * t)).astype(np.float32),
+    )
+    return {
+        "image": root / "a.png",
+        "audio": root / "a.wav",
+        "video": root / "v.mp4",
+        "video+audio": root / "va.mp4",
+    }
 
 
 def samples(media: dict[str, Path]) -> dict[str, Sample]:
@@ -83,7 +94,9 @@ def test_model_reloads_and_runs_on_each_medium(name, zoo_model, media):
 def test_language_model_linears_fit_group_128(name, zoo_model):
     config = AutoConfig.from_pretrained(zoo_model(name))
     with torch.device("meta"):
-        model = (AutoModelForCausalLM if not ZOO[name].modalities else AutoModelForImageTextToText).from_config(config)
+        model = (
+            AutoModelForCausalLM if not ZOO[name].modalities else AutoModelForImageTextToText
+        ).from_config(config)
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n]
     language = [(n, m) for n, m in layers if "visual" not in n and "audio_tower" not in n]
     assert language, "no language-model Linear found"
@@ -110,7 +123,9 @@ def test_tokenizer_has_family_special_tokens_and_template(zoo_model):
         add_generation_prompt=True,
         tokenize=False,
     )
-    assert text.endswith("<|im_start|>user\n<|audio_bos|><|AUDIO|><|audio_eos|>hi<|im_end|>\n<|im_start|>assistant\n")
+    assert text.endswith(
+        "<|im_start|>user\n<|audio_bos|><|AUDIO|><|audio_eos|>hi<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_unknown_zoo_model_and_existing_output(tmp_path):

@@ -37,7 +37,9 @@ def _calibration(metadata: dict) -> list[str]:
         lines.append(f"- samples dropped: {len(calib['dropped'])} (reasons in quantkit.json)")
     towers = calib.get("tower_calls") or {}
     if towers:
-        lines.append("- tower forward calls during calibration: " + ", ".join(f"{k} {v}" for k, v in towers.items()))
+        lines.append(
+            "- tower forward calls during calibration: " + ", ".join(f"{k} {v}" for k, v in towers.items())
+        )
     return lines
 
 
@@ -53,8 +55,16 @@ def render_model_card(metadata: dict) -> str:
         "## Format",
         "",
         f"- compressed-tensors format `{metadata['checkpoint_format']}`, scheme `{scheme['preset']}`"
-        + (f", GPTQ (actorder {recipe['actorder']}, dampening {recipe['dampening_frac']})" if recipe["method"] == "gptq" else "")
-        + (f", SmoothQuant strength {recipe['smoothquant_strength']}" if recipe.get("smoothquant_strength") else "")
+        + (
+            f", GPTQ (actorder {recipe['actorder']}, dampening {recipe['dampening_frac']})"
+            if recipe["method"] == "gptq"
+            else ""
+        )
+        + (
+            f", SmoothQuant strength {recipe['smoothquant_strength']}"
+            if recipe.get("smoothquant_strength")
+            else ""
+        )
         + (", FP8 KV cache" if recipe.get("kv_cache_fp8") else ""),
         f"- intended hardware: {recipe['hardware']}",
         f"- unquantized tensors stored as {metadata['dtypes']['saved']}",

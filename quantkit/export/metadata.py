@@ -7,7 +7,15 @@ import resource
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 
-LIBRARIES = ("quantkit", "torch", "transformers", "llmcompressor", "compressed-tensors", "accelerate", "datasets")
+LIBRARIES = (
+    "quantkit",
+    "torch",
+    "transformers",
+    "llmcompressor",
+    "compressed-tensors",
+    "accelerate",
+    "datasets",
+)
 METADATA_FILE = "quantkit.json"
 
 

@@ -174,7 +174,9 @@ class Adapter(BaseModel):
         return self.group_of(name) == "language_model" and self.keep_reason(name) is None
 
     def known_failure(self, scheme: str) -> KnownFailure | None:
-        return next((f for f in self.known_failures if scheme.upper() in {s.upper() for s in f.schemes}), None)
+        return next(
+            (f for f in self.known_failures if scheme.upper() in {s.upper() for s in f.schemes}), None
+        )
 
     # ------------------------------------------------------------------ loading
 
@@ -229,7 +231,9 @@ def model_architecture(model_dir: Path) -> str:
     try:
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
-        raise InputError(f"config.json is not valid JSON: {err.msg}", path=config_path, line=err.lineno) from None
+        raise InputError(
+            f"config.json is not valid JSON: {err.msg}", path=config_path, line=err.lineno
+        ) from None
     architectures = config.get("architectures") or []
     if not architectures:
         raise InputError("config.json names no architecture", path=config_path, hint="add 'architectures'")

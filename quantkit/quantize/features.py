@@ -96,7 +96,9 @@ def processor_fingerprint(model_dir: Path) -> str:
     """A hash of the processor's files (and the code versions that interpret them)."""
     import transformers
 
-    digest = hashlib.sha256(f"quantkit-features-{FEATURES_VERSION}|transformers-{transformers.__version__}".encode())
+    digest = hashlib.sha256(
+        f"quantkit-features-{FEATURES_VERSION}|transformers-{transformers.__version__}".encode()
+    )
     for name in PROCESSOR_FILES:
         path = Path(model_dir) / name
         if path.is_file():
@@ -164,7 +166,9 @@ def prepare_features(
                 continue
             except MediaError as err:
                 media = [str(p) for p in (*sample.images, *sample.videos, *sample.audios)]
-                raise InputError(f"calibration sample {index} ({label}): {err}", hint=f"media: {', '.join(media)}") from None
+                raise InputError(
+                    f"calibration sample {index} ({label}): {err}", hint=f"media: {', '.join(media)}"
+                ) from None
             result.processed += 1
             if cache_dir is not None:
                 _store(_cache_path(cache_dir, fingerprint, sid), inputs)
@@ -213,5 +217,8 @@ def collate_one(keys: list[str], *, keep_none: bool) -> Callable[[list[dict]], d
 def calibration_loader(rows: list[FeatureRow], *, keep_none: bool) -> DataLoader:
     keys = sorted(set().union(*(row.inputs for row in rows)))
     return DataLoader(
-        [row.inputs for row in rows], batch_size=1, shuffle=False, collate_fn=collate_one(keys, keep_none=keep_none)
+        [row.inputs for row in rows],
+        batch_size=1,
+        shuffle=False,
+        collate_fn=collate_one(keys, keep_none=keep_none),
     )

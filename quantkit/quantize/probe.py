@@ -84,7 +84,9 @@ class CalibrationProbe:
         starved = [name for name, n in self.layer_counts().items() if n < samples]
         if starved:
             shown = ", ".join(f"{name} ({self.counts[name]})" for name in starved[:8])
-            problems.append(f"{len(starved)} decoder layer(s) saw fewer than {samples} calibration calls: {shown}")
+            problems.append(
+                f"{len(starved)} decoder layer(s) saw fewer than {samples} calibration calls: {shown}"
+            )
         wanted = {"vision": vision_samples, "audio": audio_samples}
         for kind, path in self.towers.items():
             if wanted[kind] and self.counts[path] < wanted[kind]:

@@ -182,14 +182,20 @@ def group_size(recipe: Recipe) -> int | None:
 def _modality_counts(samples: list[Sample]) -> dict[str, int]:
     counts: Counter[str] = Counter()
     for sample in samples:
-        kinds = [kind for kind, media in (("image", sample.images), ("video", sample.videos), ("audio", sample.audios)) if media]
+        kinds = [
+            kind
+            for kind, media in (("image", sample.images), ("video", sample.videos), ("audio", sample.audios))
+            if media
+        ]
         counts["+".join(kinds) or "text"] += 1
     return dict(sorted(counts.items()))
 
 
 def _modifiers(recipe: Recipe, adapter: Adapter, targets: TargetPlan) -> list:
     mappings = [m.as_library_mapping() for m in adapter.smoothquant_mappings]
-    return build_modifiers(recipe, targets=targets.targets, ignore=targets.ignore, smoothquant_mappings=mappings)
+    return build_modifiers(
+        recipe, targets=targets.targets, ignore=targets.ignore, smoothquant_mappings=mappings
+    )
 
 
 # ---------------------------------------------------------------------- dry run
@@ -383,9 +389,24 @@ def quantize(
         result.wall_time_s = round(time.perf_counter() - started, 2)
         result.peak_rss_mb = peak_rss_mb()
         result.metadata = build_metadata(
-            result, model_dir, adapter, recipe, rows, calib_info, (calibration_dtype, target_dtype), summary.kv_cache, max_seq_len
+            result,
+            model_dir,
+            adapter,
+            recipe,
+            rows,
+            calib_info,
+            (calibration_dtype, target_dtype),
+            summary.kv_cache,
+            max_seq_len,
         )
-        write_checkpoint(model, staging, source=model_dir, metadata=result.metadata, expected_format=recipe.checkpoint_format)
+        write_checkpoint(
+            model,
+            staging,
+            source=model_dir,
+            metadata=result.metadata,
+            expected_format=recipe.checkpoint_format,
+            kept=list(targets.kept),
+        )
     stage_times["write"] = round(time.perf_counter() - clock, 2)
     result.wall_time_s = round(time.perf_counter() - started, 2)
     return result
@@ -407,7 +428,11 @@ def build_metadata(
     max_seq_len: int | None,
 ) -> dict:
     """The content of quantkit.json."""
-    towers = {kind: result.calibration_calls.get(path, 0) for kind, path in (("vision", adapter.vision_tower), ("audio", adapter.audio_tower)) if path}
+    towers = {
+        kind: result.calibration_calls.get(path, 0)
+        for kind, path in (("vision", adapter.vision_tower), ("audio", adapter.audio_tower))
+        if path
+    }
     return {
         "name": result.output.name,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -430,7 +455,11 @@ def build_metadata(
             "dropped": result.dropped_samples,
             "cache_hits": result.cache_hits,
             "tower_calls": towers,
-            "decoder_layer_calls": {k: v for k, v in result.calibration_calls.items() if k not in {adapter.vision_tower, adapter.audio_tower}},
+            "decoder_layer_calls": {
+                k: v
+                for k, v in result.calibration_calls.items()
+                if k not in {adapter.vision_tower, adapter.audio_tower}
+            },
         },
         "modules": {
             "counts": result.counts,
@@ -438,5 +467,9 @@ def build_metadata(
             "kept": result.kept_modules,
             "kv_cache": kv_cache_modules,
         },
-        "run": {"wall_time_s": result.wall_time_s, "stage_times_s": result.stage_times_s, "peak_rss_mb": result.peak_rss_mb},
+        "run": {
+            "wall_time_s": result.wall_time_s,
+            "stage_times_s": result.stage_times_s,
+            "peak_rss_mb": result.peak_rss_mb,
+        },
     }

@@ -47,7 +47,9 @@ def check_scales(model: torch.nn.Module) -> int:
         if quantized and floating and not bool(torch.isfinite(weight).all()):
             problems.append(f"{name}.weight: non-finite values")
     if problems:
-        shown = "; ".join(problems[:SHOWN]) + (f" ... and {len(problems) - SHOWN} more" if len(problems) > SHOWN else "")
+        shown = "; ".join(problems[:SHOWN]) + (
+            f" ... and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
+        )
         raise CheckFailed(
             f"refusing to write a checkpoint with bad quantization parameters: {shown}",
             hint="calibration went wrong (see the calibration counts); nothing was written",

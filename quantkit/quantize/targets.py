@@ -106,23 +106,27 @@ def resolve_targets(model: torch.nn.Module, adapter: Adapter) -> TargetPlan:
     # matching never reaches a tower), and every other Linear.
     tower_patterns = [f"re:^{re.escape(t)}(\\.|$)" for t in (adapter.vision_tower, adapter.audio_tower) if t]
     unmatched = [name for name in kept if not matches_any(name, [*adapter.keep_patterns, *tower_patterns])]
-    ignore = list(dict.fromkeys([*adapter.keep_patterns, *tower_patterns, *compact_patterns(unmatched, universe)]))
-    plan = TargetPlan(groups, quantize, kept, compact_patterns(quantize, universe), ignore)
-    _check_patterns_agree(plan, universe)
+    ignore = list(
+        dict.fromkeys([*adapter.keep_patterns, *tower_patterns, *compact_patterns(unmatched, universe)])
+    )
+    # The library gets the class target "Linear" minus ``ignore``: vLLM matches config-group
+    # targets against its own module names (``language_model.model.layers...``), so name patterns
+    # written for transformers' names would leave every layer unquantized there. The positive
+    # set is still what decides: the ignore list is computed from it and checked against it.
+    plan = TargetPlan(groups, quantize, kept, ["Linear"], ignore)
+    _check_patterns_agree(plan, linears)
     return plan
 
 
-def _check_patterns_agree(plan: TargetPlan, universe: list[str]) -> None:
-    """The patterns must select exactly the computed names (a guard on compact_patterns)."""
-    selected = {
-        name
-        for name in universe
-        if matches_any(name, plan.targets) and not matches_any(name, plan.ignore)
-    }
+def _check_patterns_agree(plan: TargetPlan, linears: list[str]) -> None:
+    """Linear minus the ignore patterns must be exactly the computed names (a guard on compact_patterns)."""
+    selected = {name for name in linears if not matches_any(name, plan.ignore)}
     if selected != set(plan.quantize):
         extra = sorted(selected - set(plan.quantize))
         missing = sorted(set(plan.quantize) - selected)
-        raise CheckFailed(f"target patterns disagree with the target list: extra {extra[:SHOWN]}, missing {missing[:SHOWN]}")
+        raise CheckFailed(
+            f"target patterns disagree with the target list: extra {extra[:SHOWN]}, missing {missing[:SHOWN]}"
+        )
 
 
 def decoder_layers(model: torch.nn.Module, adapter: Adapter) -> dict[str, torch.nn.Module]:
@@ -177,15 +181,23 @@ def check_quantized_modules(model: torch.nn.Module, adapter: Adapter) -> Quantiz
             quantized.append(name)
         elif getattr(module, "quantization_scheme", None) is not None:
             kv_cache.append(name)  # attention modules carrying only kv-cache quantization
-    outside = [name for name in quantized if not expected(name) or not isinstance(model.get_submodule(name), torch.nn.Linear)]
+    outside = [
+        name
+        for name in quantized
+        if not expected(name) or not isinstance(model.get_submodule(name), torch.nn.Linear)
+    ]
     quantized_set = set(quantized)
     missing = [name for name in linear_names(model) if expected(name) and name not in quantized_set]
     stray_kv = [name for name in kv_cache if not is_under(name, root)]
     problems = []
     if outside:
-        problems.append(f"{len(outside)} quantized module(s) outside the language model ({root or 'root'}): {_listing(outside)}")
+        problems.append(
+            f"{len(outside)} quantized module(s) outside the language model ({root or 'root'}): {_listing(outside)}"
+        )
     if missing:
-        problems.append(f"{len(missing)} language-model Linear layer(s) left unquantized: {_listing(missing)}")
+        problems.append(
+            f"{len(missing)} language-model Linear layer(s) left unquantized: {_listing(missing)}"
+        )
     if stray_kv:
         problems.append(f"kv-cache quantization outside the language model: {_listing(stray_kv)}")
     if problems:

@@ -43,7 +43,9 @@ def build_modifiers(
     if recipe.kv_cache_fp8:
         common["kv_cache_scheme"] = kv_cache_fp8_args()
     if recipe.method == "gptq":
-        modifiers.append(GPTQModifier(actorder=recipe.actorder, dampening_frac=recipe.dampening_frac, **common))
+        modifiers.append(
+            GPTQModifier(actorder=recipe.actorder, dampening_frac=recipe.dampening_frac, **common)
+        )
     else:
         modifiers.append(QuantizationModifier(**common))
     return modifiers

@@ -47,7 +47,9 @@ class Recipe(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:
         if self.smoothquant_strength is not None and self.scheme not in ACTIVATION_SCHEMES:
-            raise ValueError(f"smoothquant_strength: SmoothQuant only helps schemes that quantize activations, not {self.scheme}")
+            raise ValueError(
+                f"smoothquant_strength: SmoothQuant only helps schemes that quantize activations, not {self.scheme}"
+            )
         if self.method != "gptq":
             stray = {"actorder", "dampening_frac"} & self.model_fields_set
             if stray:

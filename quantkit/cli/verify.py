@@ -1,0 +1,119 @@
+"""`quantkit verify`: audit a checkpoint, measure drift, prove vLLM loads it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from quantkit.cli._common import console
+from quantkit.errors import CheckFailed
+
+
+def verify(
+    checkpoint: Annotated[Path, typer.Argument(help="Quantized checkpoint folder.", show_default=False)],
+    reference: Annotated[
+        Path | None, typer.Option(help="The original model folder: measure drift against it (needs --calib).")
+    ] = None,
+    calib: Annotated[
+        Path | None,
+        typer.Option(help="Calibration-set folder: held-out samples for drift come from its strata."),
+    ] = None,
+    vllm: Annotated[
+        bool, typer.Option("--vllm", help="Load and run the checkpoint in vLLM (make vllm-env).")
+    ] = False,
+    num_samples: Annotated[int, typer.Option(help="Held-out samples for drift.")] = 16,
+    max_kl: Annotated[float | None, typer.Option(help="Override the recipe's KL threshold.")] = None,
+    min_top1: Annotated[
+        float | None, typer.Option(help="Override the recipe's top-1 agreement threshold.")
+    ] = None,
+    min_cosine: Annotated[
+        float | None, typer.Option(help="Override the recipe's logit-cosine threshold.")
+    ] = None,
+) -> None:
+    """Check a quantized checkpoint and write verify.json beside it.
+
+    Always: the audit (quantization_config valid; every quantized tensor has the scheme's dtype and
+    shape; every scale finite and positive; every ignore entry matches a module; only the
+    language model quantized). With --reference and --calib: KL, top-1 agreement, logit cosine and
+    greedy agreement per modality and per task, judged by the recipe's thresholds. With --vllm:
+    vLLM generates for a text prompt (and image / audio where the model takes them) and transformers
+    must agree; a scheme the local vLLM backend has no kernel for is reported as skipped.
+
+    Exit code 0 when everything that ran passed, 1 when a check failed.
+
+    Example: quantkit verify out/omni-w4a16 --reference models/omni --calib calib --vllm
+    """
+    from quantkit.verify import DriftThresholds, recipe_thresholds, verify_checkpoint
+
+    thresholds = None
+    if any(v is not None for v in (max_kl, min_top1, min_cosine)):
+        base = recipe_thresholds(checkpoint) or DriftThresholds(float("inf"), 0.0, -1.0)
+        thresholds = DriftThresholds(
+            max_kl=max_kl if max_kl is not None else base.max_kl,
+            min_top1=min_top1 if min_top1 is not None else base.min_top1,
+            min_cosine=min_cosine if min_cosine is not None else base.min_cosine,
+        )
+    report = verify_checkpoint(
+        checkpoint,
+        reference=reference,
+        calib=calib,
+        vllm=vllm,
+        thresholds=thresholds,
+        num_samples=num_samples,
+    )
+    print_verify_report(report)
+    if not report.passed:
+        raise CheckFailed("verification failed", path=checkpoint, hint="see the table above and verify.json")
+
+
+def _mark(passed: bool) -> str:
+    return "[green]pass[/]" if passed else "[red]FAIL[/]"
+
+
+def print_verify_report(report) -> None:
+    audit = report.audit
+    table = Table("check", "result", "detail", title=f"Audit of {report.checkpoint}")
+    for check in audit.checks:
+        table.add_row(check.name, _mark(check.passed), check.detail)
+    console.print(table)
+    console.print(
+        f"language-model Linear weights: {audit.language_model_bytes_16bit / 2**20:.2f} MiB in 16-bit -> "
+        f"{audit.language_model_bytes_stored / 2**20:.2f} MiB stored ({audit.size_ratio:.3f}x)"
+    )
+    if report.drift is not None:
+        drift = report.drift
+        table = Table(
+            "group", "samples", "KL", "top-1", "cosine", "greedy agree", title="Drift vs the original"
+        )
+        for kind, groups in (
+            ("all", [drift.overall]),
+            ("modality", drift.by_modality),
+            ("task", drift.by_task),
+        ):
+            for g in groups:
+                name = g.name if kind == "all" else f"{kind}: {g.name}"
+                table.add_row(
+                    name,
+                    str(g.samples),
+                    f"{g.kl:.4f}",
+                    f"{g.top1:.3f}",
+                    f"{g.cosine:.4f}",
+                    f"{g.greedy_prefix:.2f}",
+                )
+        console.print(table)
+        for breach in drift.breaches:
+            console.print(f"[red]threshold breached:[/] {breach}")
+    if report.vllm is not None:
+        check = report.vllm
+        colour = {"passed": "green", "skipped": "yellow", "unavailable": "yellow"}.get(check.status, "red")
+        console.print(f"vLLM: [{colour}]{check.status}[/] {check.reason}".rstrip())
+        for prompt in check.prompts:
+            console.print(
+                f"  {prompt.name}: vLLM {prompt.vllm_tokens} / transformers {prompt.transformers_tokens}; "
+                f"worst log-prob gap {prompt.worst_logprob_gap:.3f}"
+            )
+    for note in report.notes:
+        console.print(f"[yellow]note:[/] {note}")

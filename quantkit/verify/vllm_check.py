@@ -1,0 +1,255 @@
+"""Prove a checkpoint loads and generates in vLLM, and that vLLM agrees with transformers on it.
+
+vLLM lives in its own environment (``make vllm-env`` builds ``.venv-vllm``): it pins another torch
+and compressed-tensors than llmcompressor. Each checkpoint runs in a fresh process (after one
+failed engine start every later one fails in the same process).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from quantkit.models.inputs import Sample, processor_capabilities, processor_inputs
+
+WORKER = Path(__file__).with_name("vllm_worker.py")
+REPO_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+
+# Errors raised where a backend lacks a kernel for a scheme, rather than where a checkpoint is
+# broken: vLLM's CPU build calls ops its C extension does not provide (AttributeError on
+# torch.ops._C / _C has no ...), or raises NotImplementedError / "not supported".
+_MISSING_KERNEL_MARKERS = (
+    "has no attribute",
+    "not implemented",
+    "notimplemented",
+    "not supported",
+    "unsupported",
+)
+
+
+def vllm_python() -> Path | None:
+    """The vLLM environment's interpreter: $QUANTKIT_VLLM_PYTHON, else the repo's .venv-vllm."""
+    configured = os.environ.get("QUANTKIT_VLLM_PYTHON")
+    if configured:
+        return Path(configured) if Path(configured).exists() else None
+    return REPO_VENV if REPO_VENV.exists() else None
+
+
+@dataclass
+class PromptComparison:
+    name: str
+    vllm_tokens: list[int]
+    transformers_tokens: list[int]
+    matching_prefix: int
+    worst_logprob_gap: float  # max over positions of (transformers' best logprob - logprob of vLLM's token)
+    agrees: bool
+
+
+@dataclass
+class VllmCheck:
+    checkpoint: str
+    status: str  # passed | failed | skipped | unavailable
+    reason: str = ""
+    prompts: list[PromptComparison] = field(default_factory=list)
+    seconds: float = 0.0
+    vllm_version: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _test_media(folder: Path) -> dict[str, Path]:
+    """A gradient image and a tone, written once: the same files feed vLLM and transformers."""
+    import wave
+
+    from PIL import Image
+
+    image = folder / "probe.png"
+    gradient = np.linspace(0, 255, 224 * 224 * 3).reshape(224, 224, 3).astype(np.uint8)
+    Image.fromarray(gradient).save(image)
+    audio = folder / "probe.wav"
+    t = np.arange(16000 * 2) / 16000
+    pcm = (0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype("<i2")
+    with wave.open(str(audio), "wb") as handle:
+        handle.setnchannels(1)
+        handle.setsampwidth(2)
+        handle.setframerate(16000)
+        handle.writeframes(pcm.tobytes())
+    return {"image": image, "audio": audio}
+
+
+def probe_samples(processor, folder: Path) -> dict[str, Sample]:
+    """One prompt per input kind the model takes: text always, image and audio where supported."""
+    media = _test_media(folder)
+    kinds = processor_capabilities(processor)
+
+    def ask(text: str) -> list[dict]:
+        return [{"role": "user", "content": text}]
+
+    samples = {"text": Sample(ask("Describe a red sneaker in one sentence."))}
+    if "image" in kinds:
+        samples["image"] = Sample(ask("<image>What product is shown?"), images=[media["image"]])
+    if "audio" in kinds:
+        samples["audio"] = Sample(ask("<audio>Transcribe the audio."), audios=[media["audio"]])
+    return samples
+
+
+def _render(processor, sample: Sample) -> str:
+    from quantkit.models.inputs import chat_messages
+
+    owner = processor if hasattr(processor, "apply_chat_template") else processor.tokenizer
+    return owner.apply_chat_template(
+        chat_messages(sample.messages), add_generation_prompt=True, tokenize=False
+    )
+
+
+def classify_failure(answer: dict) -> tuple[str, str]:
+    """('skipped', why) when the local backend lacks a kernel for the scheme; else ('failed', why)."""
+    message = f"{answer.get('error_type')}: {answer.get('message')}"
+    text = message.lower()
+    if answer.get("error_type") == "NotImplementedError" or any(m in text for m in _MISSING_KERNEL_MARKERS):
+        if (
+            "_c" in text
+            or "kernel" in text
+            or "notimplemented" in text
+            or "not implemented" in text
+            or "support" in text
+        ):
+            return (
+                "skipped",
+                f"vLLM's local backend cannot run this scheme ({answer.get('stage')}): {message}",
+            )
+    return "failed", f"vLLM {answer.get('stage')} failed: {message}"
+
+
+def _transformers_side(
+    checkpoint: Path, samples: dict[str, Sample], vllm_tokens: dict[str, list[int]], margin: float
+):
+    """Greedy tokens from transformers on the same checkpoint, and vLLM's tokens scored by it."""
+    import torch
+
+    from quantkit.models.adapters import adapter_for
+    from quantkit.quantize.run import saved_dtype
+
+    adapter = adapter_for(checkpoint)
+    model = adapter.load_model(checkpoint, dtype=saved_dtype(checkpoint))
+    processor = adapter.load_processor(checkpoint)
+    results = []
+    for name, sample in samples.items():
+        if name not in vllm_tokens:
+            continue
+        inputs = processor_inputs(processor, sample, add_generation_prompt=True)
+        theirs = vllm_tokens[name]
+        with torch.no_grad():
+            generated = model.generate(**inputs, max_new_tokens=len(theirs), do_sample=False)
+            ours = generated[0, inputs["input_ids"].shape[1] :].tolist()
+            # Teacher-force vLLM's tokens: each should be (close to) transformers' own best choice.
+            forced = dict(inputs)
+            extra = torch.tensor([theirs], dtype=inputs["input_ids"].dtype)
+            forced["input_ids"] = torch.cat([inputs["input_ids"], extra], dim=1)
+            forced["attention_mask"] = torch.ones_like(forced["input_ids"])
+            if "mm_token_type_ids" in forced:
+                forced["mm_token_type_ids"] = torch.cat(
+                    [inputs["mm_token_type_ids"], torch.zeros_like(extra)], dim=1
+                )
+            logits = model(**forced).logits[0].float()
+        start = inputs["input_ids"].shape[1] - 1
+        logprobs = torch.log_softmax(logits[start : start + len(theirs)], dim=-1)
+        chosen = logprobs[torch.arange(len(theirs)), torch.tensor(theirs)]
+        gap = float((logprobs.max(dim=-1).values - chosen).max()) if theirs else 0.0
+        prefix = next(
+            (i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
+            min(len(ours), len(theirs)),
+        )
+        results.append(PromptComparison(name, theirs, ours, prefix, round(gap, 4), gap <= margin))
+    return results
+
+
+def check_with_vllm(
+    checkpoint: Path,
+    *,
+    max_tokens: int = 8,
+    max_model_len: int = 2048,
+    margin: float = 0.25,
+    timeout: float = 900,
+) -> VllmCheck:
+    """Load ``checkpoint`` in vLLM, generate greedy tokens for a text prompt and, where the model
+    takes them, an image and an audio prompt; then check transformers agrees on the same checkpoint
+    (each vLLM token within ``margin`` nats of transformers' best token when teacher-forced)."""
+    checkpoint = Path(checkpoint).resolve()
+    started = time.time()
+    python = vllm_python()
+    if python is None:
+        return VllmCheck(str(checkpoint), "unavailable", "no vLLM environment: run `make vllm-env`")
+
+    from quantkit.models.adapters import adapter_for
+
+    processor = adapter_for(checkpoint).load_processor(checkpoint)
+    with tempfile.TemporaryDirectory(prefix="quantkit-vllm-") as tmp:
+        folder = Path(tmp)
+        samples = probe_samples(processor, folder)
+        prompts = []
+        for name, sample in samples.items():
+            entry = {"name": name, "prompt": _render(processor, sample)}
+            if sample.images:
+                entry["image"] = str(sample.images[0])
+            if sample.audios:
+                entry["audio"] = str(sample.audios[0])
+            prompts.append(entry)
+        limits = {kind: 1 for kind in processor_capabilities(processor)}
+        if "video" in limits:
+            limits["video"] = 0  # no video prompt is sent; saves the profiler a dummy video
+        request = {
+            "model": str(checkpoint),
+            "max_tokens": max_tokens,
+            "max_model_len": max_model_len,
+            "limit_mm_per_prompt": limits,
+            "prompts": prompts,
+        }
+        (folder / "request.json").write_text(json.dumps(request))
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+        env.pop("PYTHONPATH", None)  # the worker must not import this environment's packages
+        log = folder / "worker.log"
+        try:
+            with open(log, "w") as handle:
+                subprocess.run(
+                    [
+                        str(python),
+                        "-P",
+                        str(WORKER),
+                        str(folder / "request.json"),
+                        str(folder / "answer.json"),
+                    ],
+                    stdout=handle,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    timeout=timeout,
+                    check=False,
+                )
+        except subprocess.TimeoutExpired:
+            return VllmCheck(str(checkpoint), "failed", f"vLLM did not finish in {timeout:.0f} s")
+        answer_path = folder / "answer.json"
+        if not answer_path.exists():
+            tail = log.read_text(errors="replace")[-1500:]
+            return VllmCheck(str(checkpoint), "failed", f"the vLLM worker died without an answer:\n{tail}")
+        answer = json.loads(answer_path.read_text())
+        if answer["status"] != "ok":
+            status, reason = classify_failure(answer)
+            return VllmCheck(str(checkpoint), status, reason, seconds=round(time.time() - started, 1))
+        comparisons = _transformers_side(checkpoint, samples, answer["outputs"], margin)
+    failed = [c.name for c in comparisons if not c.agrees]
+    return VllmCheck(
+        str(checkpoint),
+        "failed" if failed else "passed",
+        f"vLLM and transformers disagree on: {', '.join(failed)}" if failed else "",
+        comparisons,
+        round(time.time() - started, 1),
+        answer.get("vllm_version"),
+    )
