@@ -11,6 +11,7 @@ import yaml
 
 from quantkit.errors import InputError
 from quantkit.models import ADAPTERS_DIR, Adapter, adapter_for, builtin_adapters, load_adapter_file
+from quantkit.models.adapters import matches_any
 from quantkit.quantize.run import unfuse_experts_on_meta
 from quantkit.quantize.targets import (
     check_smoothquant_mappings,
@@ -78,8 +79,11 @@ def test_targets_are_exactly_the_language_model_linears(zoo_model, name):
     assert counts["other"] == {"quantized": 0, "kept": 0}
     assert all(name_.startswith(adapter.language_model + ".") for name_ in plan.quantize)
     assert "lm_head" in plan.kept
-    # Targets are anchored patterns, never the library's catch-all "Linear".
-    assert plan.targets and all(t.startswith("re:^") and t.endswith("$") for t in plan.targets)
+    # The library gets the class target "Linear" (what vLLM can match against its own module
+    # names); the ignore list computed from the positive set removes exactly everything else.
+    assert plan.targets == ["Linear"]
+    linears = set(plan.groups)
+    assert {n for n in linears if not matches_any(n, plan.ignore)} == set(plan.quantize)
 
 
 @pytest.mark.parametrize("name", ZOO_NAMES)

@@ -20,6 +20,7 @@ from safetensors import safe_open
 
 from quantkit.errors import CheckFailed, InputError
 from quantkit.models import adapter_for
+from quantkit.models.adapters import matches
 from quantkit.models.inputs import Sample, processor_inputs
 from quantkit.quantize import (
     CalibrationProbe,
@@ -266,16 +267,27 @@ def test_every_zoo_model_with_every_recipe(quantized, reference, zoo_model, medi
     on_disk = {key.rsplit(".", 1)[0] for key in dtypes if key.rsplit(".", 1)[1] in QUANT_SUFFIXES}
     lm = adapter.language_model + "."
     assert result.quantized_modules and all(m.startswith(lm) for m in result.quantized_modules)
-    as_saved = same_names if on_disk == set(result.quantized_modules) else legacy_vl_names
+    if adapter.serving is not None:  # Omni: written as the whole model vLLM serves, thinker under "thinker."
+        assert config["architectures"] == [adapter.serving.architecture]
+        assert config[f"{adapter.serving.attribute}_config"]["architectures"] == [ZOO[name].architecture]
+
+        def as_saved(names):
+            return {adapter.serving.prefix + n for n in names}
+    else:
+        as_saved = same_names if on_disk == set(result.quantized_modules) else legacy_vl_names
     assert on_disk == as_saved(result.quantized_modules)
     for key, dtype in dtypes.items():
         if key.rsplit(".", 1)[0] not in on_disk and dtype != "I64":
             assert dtype == "BF16", (key, dtype)
     # vLLM reads the ignore list: every kept Linear (towers, head), by its on-disk name; plus
     # the MoE routers, which llmcompressor lists though they are not nn.Linear in transformers 5.
-    ignored = set(qconfig["ignore"])
+    ignored = {entry for entry in qconfig["ignore"] if not entry.startswith("re:")}
     assert as_saved(result.kept_modules) <= ignored
-    assert all(adapter.keep_reason(name) for name in ignored - as_saved(result.kept_modules))
+    prefix = adapter.serving.prefix if adapter.serving else ""
+    assert all(adapter.keep_reason(n.removeprefix(prefix)) for n in ignored - as_saved(result.kept_modules))
+    # Patterns quantkit adds so transformers matches kept modules by their in-memory names.
+    patterns = [entry for entry in qconfig["ignore"] if entry.startswith("re:")]
+    assert all(not any(matches(q, p) for p in patterns) for q in result.quantized_modules)
 
     # 3. Calibration provably reached every decoder layer and the towers (data recipes).
     calls = result.calibration_calls
@@ -357,7 +369,9 @@ def test_kv_cache_fp8_quantizes_only_language_model_attention(zoo_model, media, 
     config = json.loads((result.output / "config.json").read_text())
     assert config["quantization_config"]["kv_cache_scheme"]["num_bits"] == 8
     kv_keys = [k for k in saved_tensor_dtypes(result.output) if k.endswith(("k_scale", "v_scale"))]
-    assert len(kv_keys) == 2 * 4 and all(k.startswith("model.layers.") for k in kv_keys)
+    assert len(kv_keys) == 2 * 4 and all(
+        k.startswith("thinker.model.layers.") for k in kv_keys
+    )  # serving layout
     assert result.metadata["modules"]["kv_cache"] == [f"model.layers.{i}.self_attn" for i in range(4)]
 
 

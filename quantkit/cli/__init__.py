@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from quantkit.cli import calibrate, verify, zoo
+from quantkit.cli import calibrate, quantize, verify, zoo
 from quantkit.cli._common import QuantkitGroup
 
 app = typer.Typer(
@@ -22,6 +22,8 @@ app = typer.Typer(
 app.add_typer(zoo.app, name="zoo")
 app.command("demo-pool")(zoo.demo_pool)
 app.command("calibrate")(calibrate.calibrate)
+app.command("quantize")(quantize.quantize)
+app.command("recipes")(quantize.recipes)
 app.command("verify")(verify.verify)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -38,14 +39,24 @@ def checkpoint_format(directory: Path) -> str | None:
     return (config.get("quantization_config") or {}).get("format")
 
 
-def cover_kept_modules(directory: Path, model: torch.nn.Module, kept: list[str]) -> list[str]:
-    """Make the saved ``ignore`` list match the kept Linears under the model's own module names too.
+def tower_pattern(tower: str) -> str:
+    """Matches a tower under any prefix: ``visual.*`` (vLLM), ``model.visual.*`` (transformers),
+    ``thinker.visual.*`` (Omni serving layout)."""
+    return "re:(.*\\.)?" + re.escape(tower.rsplit(".", 1)[-1]) + "\\..*"
 
-    For architectures whose checkpoint keys use older names than the modules (transformers 5 saves
-    Qwen2.5-VL as ``visual.*`` / ``model.layers.*`` while the modules are ``model.visual.*``),
-    llmcompressor writes ``ignore`` in the checkpoint's names: right for vLLM, but transformers
-    matches it against module names on reload, misses, and quantizes the vision tower with
-    garbage scales. Returns the patterns added.
+
+def cover_kept_modules(
+    directory: Path, model: torch.nn.Module, kept: list[str], towers: list[str] | None = None
+) -> list[str]:
+    """Make the saved ``ignore`` list keep the towers and every kept Linear under every naming a
+    loader uses. Returns the patterns added.
+
+    llmcompressor writes ``ignore`` as the checkpoint's module names. Loaders name modules
+    differently: vLLM fuses a vision tower's q/k/v into ``qkv`` (Qwen2.5-VL / Omni), finds no
+    ignore entry for the fused layer and runs the tower through int8 kernels without scales;
+    transformers 5 saves Qwen2.5-VL under older names (``visual.*``) than its modules
+    (``model.visual.*``) and quantizes the tower on reload. A tower-wide pattern and
+    module-name patterns cover both.
     """
     from quantkit.models.adapters import matches_any
     from quantkit.quantize.targets import compact_patterns
@@ -53,10 +64,20 @@ def cover_kept_modules(directory: Path, model: torch.nn.Module, kept: list[str])
     config_path = Path(directory) / "config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
     ignore = config["quantization_config"].get("ignore") or []
-    uncovered = [name for name in kept if not matches_any(name, ignore)]
-    if not uncovered:
+    names = [name for name, _ in model.named_modules()]
+    kept_set = set(kept)
+    linears = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+    added = []
+    for tower in towers or []:
+        pattern = tower_pattern(tower)
+        # Only where it cannot touch a quantized layer.
+        if all(name in kept_set for name in linears if matches_any(name, [pattern])):
+            added.append(pattern)
+    uncovered = [name for name in kept if not matches_any(name, [*ignore, *added])]
+    if uncovered:
+        added += compact_patterns(uncovered, names)
+    if not added:
         return []
-    added = compact_patterns(uncovered, [name for name, _ in model.named_modules()])
     config["quantization_config"]["ignore"] = [*ignore, *added]
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return added
@@ -70,6 +91,7 @@ def write_checkpoint(
     metadata: dict,
     expected_format: str,
     kept: list[str] | None = None,
+    towers: list[str] | None = None,
 ) -> list[str]:
     """Save ``model`` compressed into ``directory`` (a staging folder) with everything a server needs.
 
@@ -79,7 +101,7 @@ def write_checkpoint(
     model.save_pretrained(directory, save_compressed=True)
     if kept:
         metadata.setdefault("modules", {})["ignore_added_for_module_names"] = cover_kept_modules(
-            directory, model, kept
+            directory, model, kept, towers
         )
     copy_sidecar_files(source, directory)
     found = checkpoint_format(directory)

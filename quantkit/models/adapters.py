@@ -51,6 +51,24 @@ def matches_any(name: str, patterns: Iterable[str]) -> bool:
     return any(matches(name, pattern) for pattern in patterns)
 
 
+def prefix_pattern(pattern: str, prefix: str) -> str:
+    """A module pattern for a wrapping model: exact names and ``re:^`` patterns get the prefix;
+    unanchored patterns (``re:.*lm_head``) and class names (``Linear``) already match anywhere."""
+    if pattern.startswith("re:^"):
+        return "re:^" + re.escape(prefix) + pattern[len("re:^") :]
+    if pattern.startswith("re:") or pattern == "Linear" or not pattern:
+        return pattern
+    return prefix + pattern
+
+
+def unprefix_pattern(pattern: str, prefix: str) -> str:
+    """The inverse of :func:`prefix_pattern`."""
+    escaped = "re:^" + re.escape(prefix)
+    if pattern.startswith(escaped):
+        return "re:^" + pattern[len(escaped) :]
+    return pattern.removeprefix(prefix)
+
+
 def is_under(name: str, path: str | None) -> bool:
     """``name`` is the module at ``path`` or inside it ("" is the whole model)."""
     if path is None:
@@ -106,6 +124,28 @@ class KnownFailure(BaseModel):
     reason: str
 
 
+class ServingLayout(BaseModel):
+    """How vLLM expects this model on disk when that differs from the quantized module.
+
+    vLLM serves Omni models only as the whole model (``Qwen2_5OmniForConditionalGeneration``:
+    ``thinker_config`` inside the model config, weights under ``thinker.``) and runs only the
+    thinker. quantkit quantizes the thinker and writes it in that layout; such a folder (or a real
+    full upstream Omni checkpoint) loads back as the module at ``attribute`` alone.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    architecture: str = Field(description="architecture name vLLM's registry serves")
+    aliases: list[str] = Field(default_factory=list, description="other names of the whole model")
+    config_class: str = Field(description="transformers config class of the whole model")
+    attribute: str = Field(pattern=r"^[a-z_]+$", description="the wrapped module, e.g. thinker")
+    config_extra: dict = Field(default_factory=dict, description="set on the whole model's config")
+
+    @property
+    def prefix(self) -> str:
+        return self.attribute + "."
+
+
 class Adapter(BaseModel):
     """Everything quantkit needs to know about one architecture."""
 
@@ -125,6 +165,7 @@ class Adapter(BaseModel):
     pipeline: Literal["sequential", "basic"]
     smoothquant_mappings: list[SmoothQuantMapping] = Field(default_factory=list)
     known_failures: list[KnownFailure] = Field(default_factory=list)
+    serving: ServingLayout | None = None
 
     @field_validator("language_model", "vision_tower", "audio_tower")
     @classmethod
@@ -185,8 +226,41 @@ class Adapter(BaseModel):
 
         return getattr(transformers, self.auto_class)
 
+    def is_wrapped(self, model_dir: Path) -> bool:
+        """The folder holds the whole model in the serving layout (or a full upstream checkpoint)."""
+        if self.serving is None:
+            return False
+        layout = self.serving
+        return model_architecture(model_dir) in (layout.architecture, *layout.aliases)
+
+    def _inner_config(self, model_dir: Path):
+        """The wrapped module's config, with the whole model's quantization_config in its own names."""
+        from transformers import AutoConfig
+
+        whole = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+        inner = dict(whole[f"{self.serving.attribute}_config"])
+        quantization = whole.get("quantization_config")
+        if quantization is not None:
+            quantization = json.loads(json.dumps(quantization))
+            prefix = self.serving.prefix
+            quantization["ignore"] = [unprefix_pattern(p, prefix) for p in quantization.get("ignore") or []]
+            for group in (quantization.get("config_groups") or {}).values():
+                group["targets"] = [unprefix_pattern(t, prefix) for t in group.get("targets") or []]
+            inner["quantization_config"] = quantization
+        return AutoConfig.for_model(**inner)
+
     def load_model(self, model_dir: Path, *, dtype: torch.dtype) -> torch.nn.Module:
-        """Load real weights in ``dtype`` (float32 for calibration: faster on CPUs, see notes)."""
+        """Load real weights in ``dtype`` (float32 for calibration: faster on CPUs, see notes).
+
+        A whole Omni model (the serving layout, or an upstream checkpoint with a talker) yields
+        its thinker alone: that is what is quantized and what vLLM runs.
+        """
+        if self.is_wrapped(model_dir):
+            key_mapping = {"^" + re.escape(self.serving.prefix): ""}
+            model = self._auto().from_pretrained(
+                model_dir, config=self._inner_config(model_dir), dtype=dtype, key_mapping=key_mapping
+            )
+            return model.eval()
         model = self._auto().from_pretrained(model_dir, dtype=dtype, trust_remote_code=self.trust_remote_code)
         return model.eval()
 
@@ -194,6 +268,9 @@ class Adapter(BaseModel):
         """The model's module tree on the ``meta`` device: no weights read, no memory used."""
         from transformers import AutoConfig
 
+        if self.is_wrapped(model_dir):
+            with torch.device("meta"):
+                return self._auto().from_config(self._inner_config(model_dir))
         config = AutoConfig.from_pretrained(model_dir, trust_remote_code=self.trust_remote_code)
         with torch.device("meta"):
             return self._auto().from_config(config, trust_remote_code=self.trust_remote_code)

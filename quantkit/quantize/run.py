@@ -399,6 +399,8 @@ def quantize(
             summary.kv_cache,
             max_seq_len,
         )
+        if adapter.serving is not None:
+            result.metadata["serving_layout"] = adapter.serving.model_dump(mode="json")
         write_checkpoint(
             model,
             staging,
@@ -406,7 +408,12 @@ def quantize(
             metadata=result.metadata,
             expected_format=recipe.checkpoint_format,
             kept=list(targets.kept),
+            towers=[t for t in (adapter.vision_tower, adapter.audio_tower) if t],
         )
+        if adapter.serving is not None:
+            from quantkit.export.serving import write_serving_layout
+
+            write_serving_layout(staging, adapter.serving)
     stage_times["write"] = round(time.perf_counter() - clock, 2)
     result.wall_time_s = round(time.perf_counter() - started, 2)
     return result

@@ -69,10 +69,14 @@ class TensorInfo:
     dtype: str
     shape: tuple[int, ...]
     file: str
+    key: str  # the name in the file (the index may strip a serving-layout prefix)
 
 
-def read_tensor_index(checkpoint: Path) -> dict[str, TensorInfo]:
-    """Names, dtypes and shapes of every tensor in the checkpoint, from the headers only."""
+def read_tensor_index(checkpoint: Path, strip_prefix: str = "") -> dict[str, TensorInfo]:
+    """Names, dtypes and shapes of every tensor in the checkpoint, from the headers only.
+
+    With ``strip_prefix`` (``thinker.`` for Omni serving layouts) only tensors under it are
+    indexed, by their name below it."""
     from safetensors import safe_open
 
     files = sorted(checkpoint.glob("*.safetensors"))
@@ -82,8 +86,11 @@ def read_tensor_index(checkpoint: Path) -> dict[str, TensorInfo]:
     for file in files:
         with safe_open(str(file), framework="pt") as handle:
             for key in handle.keys():  # noqa: SIM118 - safe_open handles are not iterable
+                if not key.startswith(strip_prefix):
+                    continue
                 piece = handle.get_slice(key)
-                index[key] = TensorInfo(piece.get_dtype(), tuple(piece.get_shape()), file.name)
+                info = TensorInfo(piece.get_dtype(), tuple(piece.get_shape()), file.name, key)
+                index[key.removeprefix(strip_prefix)] = info
     return index
 
 
@@ -97,7 +104,7 @@ def load_tensors(checkpoint: Path, index: dict[str, TensorInfo], names: list[str
     for file, keys in by_file.items():
         with safe_open(str(checkpoint / file), framework="pt") as handle:
             for key in keys:
-                tensors[key] = handle.get_tensor(key)
+                tensors[key] = handle.get_tensor(index[key].key)
     return tensors
 
 
@@ -175,7 +182,14 @@ def audit_checkpoint(checkpoint: Path, *, adapter: Adapter | Path | None = None)
     if qconfig is None:
         return result
 
-    index = read_tensor_index(checkpoint)
+    prefix = adapter.serving.prefix if adapter.is_wrapped(checkpoint) else ""
+    if prefix:  # judge the thinker by its own names, as the tensors below the prefix hold it
+        from quantkit.models.adapters import unprefix_pattern
+
+        qconfig.ignore = [unprefix_pattern(p, prefix) for p in qconfig.ignore or []]
+        for scheme in qconfig.config_groups.values():
+            scheme.targets = [unprefix_pattern(t, prefix) for t in scheme.targets]
+    index = read_tensor_index(checkpoint, prefix)
     skeleton = adapter.meta_model(checkpoint)
     linears = {n: m for n, m in skeleton.named_modules() if isinstance(m, torch.nn.Linear)}
     module_names = {n for n, _ in skeleton.named_modules()}

@@ -216,5 +216,5 @@ def _used_ids(checkpoint: Path) -> set[str]:
     if not meta.is_file():
         return set()
     data = json.loads(meta.read_text(encoding="utf-8"))
-    calibration = data.get("calibration") or {}
-    return set(calibration.get("sample_ids") or data.get("sample_ids") or [])
+    calibration_set = (data.get("calibration") or {}).get("set") or {}
+    return set(calibration_set.get("sample_ids") or [])

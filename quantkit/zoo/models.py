@@ -28,6 +28,10 @@ TEXT_DIMS = dict(
     num_attention_heads=4,
     num_key_value_heads=2,
     max_position_embeddings=8192,
+    # Separate lm_head weights, as the real models have. Qwen2.5-Omni's text config defaults to
+    # tied embeddings while its thinker does not tie: vLLM reads the text config and would
+    # compute different logits from the same checkpoint.
+    tie_word_embeddings=False,
 )
 # Small media budgets keep a tiny model's sequences short: up to 64 tokens per image.
 IMAGE_PIXELS = {16: (32 * 32 * 4, 32 * 32 * 64), 14: (28 * 28 * 4, 28 * 28 * 64)}
@@ -94,7 +98,6 @@ def _build_qwen3(tokenizer):
         **TEXT_DIMS,
         head_dim=64,
         **_special_ids(tokenizer),
-        tie_word_embeddings=False,
     )
     return Qwen3ForCausalLM(config), tokenizer
 
