@@ -40,7 +40,8 @@ demo: install
 	$(BIN)/quantkit calibrate $(DEMO)/pool/pool.jsonl --output $(DEMO)/calib --size 120 \
 		--model $(DEMO)/models/tiny-qwen2.5-omni --max-seq-len 2048
 
-test: install
+# The vLLM checks need their own environment; `make test` builds it so nothing is skipped.
+test: install vllm-env
 	$(BIN)/python -m pytest
 
 test-quick: install

@@ -159,23 +159,23 @@ def test_drift_per_modality_and_task_and_threshold_breach(zoo_model, demo_pool, 
 
 
 def test_classify_missing_kernel_as_skipped_and_other_errors_as_failed():
-    skipped = {
+    absent = {
         "stage": "generate",
         "error_type": "AttributeError",
         "message": "'_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'",
     }
-    assert classify_failure(skipped)[0] == "skipped"
-    assert (
-        classify_failure(
-            {"stage": "load", "error_type": "NotImplementedError", "message": "static_scaled_fp8_quant"}
-        )[0]
-        == "skipped"
-    )
-    broken = {
+    assert classify_failure(absent)[0] == "skipped"
+    stub = {
         "stage": "load",
-        "error_type": "KeyError",
-        "message": "model.layers.0.mlp.down_proj.weight_scale",
+        "error_type": "RuntimeError",
+        "message": "_C::static_scaled_fp8_quant() expected at most 0 argument(s) but received 4 argument(s). "
+        "Declaration: _C::static_scaled_fp8_quant() -> ()",
     }
+    assert classify_failure(stub)[0] == "skipped"
+    assert classify_failure({"stage": "load", "error_type": "NotImplementedError", "message": "x"})[0] == "skipped"
+    shape = {"stage": "generate", "error_type": "RuntimeError", "message": "mat1 must be a 2D tensor"}
+    assert classify_failure(shape)[0] == "failed"
+    broken = {"stage": "load", "error_type": "KeyError", "message": "model.layers.0.mlp.down_proj.weight_scale"}
     assert classify_failure(broken)[0] == "failed"
 
 
@@ -222,3 +222,42 @@ def test_audit_catches_ignore_list_transformers_cannot_match(zoo_model, tmp_path
         "model.visual.blocks.0.attn.qkv: claimed by group_0 but stored unquantized"
         in problems["config groups and stored tensors agree"]
     )
+
+
+@pytest.fixture(scope="module")
+def omni_set(zoo_model, demo_pool, tmp_path_factory) -> Path:
+    from quantkit.calibset import CalibrateOptions, build_calibration_set
+
+    calib = tmp_path_factory.mktemp("omni-calib") / "set"
+    build_calibration_set(
+        [demo_pool], calib, CalibrateOptions(size=40, model=zoo_model("tiny-qwen2.5-omni"), max_seq_len=1024)
+    )
+    return calib
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(vllm_python() is None, reason="no vLLM environment (make vllm-env)")
+@pytest.mark.parametrize("recipe_name", ["fp8-dynamic", "w8a8-sq-gptq", "w4a16", "fp8"])
+def test_vllm_runs_every_recipe_on_the_omni_thinker(recipe_name, zoo_model, omni_set, tmp_path):
+    """vLLM loads each recipe's Omni checkpoint (serving layout) and generates for text, image and
+    audio prompts in agreement with transformers; a scheme without a CPU kernel here is skipped,
+    with the reason, never passed."""
+    from quantkit.quantize import quantize
+    from quantkit.quantize.calibration_set import samples_from_set
+    from quantkit.recipes import resolve_recipe
+    from quantkit.verify.vllm_check import check_with_vllm
+
+    source = zoo_model("tiny-qwen2.5-omni")
+    recipe = resolve_recipe(recipe_name)
+    drawn = samples_from_set(omni_set, model_kinds={"image", "video", "audio"}, num_samples=12)
+    out = tmp_path / recipe_name
+    quantize(source, out, recipe, drawn.samples, sample_labels=drawn.labels, progress=False)
+    result = check_with_vllm(out)
+    assert result.status in ("passed", "skipped"), result.reason
+    if recipe_name in ("fp8-dynamic", "w8a8-sq-gptq"):  # both have CPU kernels on AVX2 and AVX-512
+        assert result.status == "passed", result.reason
+    if result.status == "passed":
+        assert {p.name for p in result.prompts} == {"text", "image", "audio"}
+        assert all(p.agrees for p in result.prompts)
+    else:
+        assert "no kernel" in result.reason
