@@ -9,7 +9,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 TV_META := $(VLLM_VENV)/lib/python3.11/site-packages/torchvision/_meta_registrations.py
 
-.PHONY: install vllm-env demo test test-quick lint clean
+.PHONY: install vllm-env demo test test-quick lint clean checkpoints
 
 install: $(STAMP)
 
@@ -33,14 +33,28 @@ $(VLLM_STAMP): requirements-vllm.lock
 	$(VLLM_VENV)/bin/python -c "import vllm, torchvision.transforms.v2"
 	touch $@
 
-demo: install
+# The whole pipeline on a tiny Qwen2.5-Omni thinker and generated media: calibration set, then one
+# checkpoint per hardware target (every recipe), each audited, drift-checked and run in vLLM.
+demo: install vllm-env
 	rm -rf $(DEMO)
 	$(BIN)/quantkit zoo build tiny-qwen2.5-omni --output $(DEMO)/models/tiny-qwen2.5-omni
 	$(BIN)/quantkit demo-pool --output $(DEMO)/pool
 	$(BIN)/quantkit calibrate $(DEMO)/pool/pool.jsonl --output $(DEMO)/calib --size 120 \
 		--model $(DEMO)/models/tiny-qwen2.5-omni --max-seq-len 2048
+	$(BIN)/quantkit build $(foreach t,h20 hopper l40s rtx4090 ampere cpu,--target $(t)) \
+		--model $(DEMO)/models/tiny-qwen2.5-omni --calib $(DEMO)/calib --num-samples 32 \
+		--output-root $(DEMO)/checkpoints --vllm
 
-# The vLLM checks need their own environment; `make test` builds it so nothing is skipped.
+# Your own model, locally, the same as .github/workflows/checkpoints.yml does per target:
+#   make checkpoints MODEL=models/my-omni POOL=data/train.jsonl TARGETS="h20 rtx4090"
+TARGETS ?= h20 rtx4090
+SIZE    ?= 5000
+OUT     ?= checkpoints
+checkpoints: install
+	@test -n "$(MODEL)" -a -n "$(POOL)" || { echo "set MODEL=DIR and POOL=FILE.jsonl"; exit 2; }
+	$(BIN)/quantkit calibrate $(POOL) --model $(MODEL) --size $(SIZE) --output $(OUT)/calib --force
+	$(BIN)/quantkit build $(foreach t,$(TARGETS),--target $(t)) --model $(MODEL) --calib $(OUT)/calib --output-root $(OUT)
+
 test: install vllm-env
 	$(BIN)/python -m pytest
 

@@ -172,10 +172,17 @@ def test_classify_missing_kernel_as_skipped_and_other_errors_as_failed():
         "Declaration: _C::static_scaled_fp8_quant() -> ()",
     }
     assert classify_failure(stub)[0] == "skipped"
-    assert classify_failure({"stage": "load", "error_type": "NotImplementedError", "message": "x"})[0] == "skipped"
+    assert (
+        classify_failure({"stage": "load", "error_type": "NotImplementedError", "message": "x"})[0]
+        == "skipped"
+    )
     shape = {"stage": "generate", "error_type": "RuntimeError", "message": "mat1 must be a 2D tensor"}
     assert classify_failure(shape)[0] == "failed"
-    broken = {"stage": "load", "error_type": "KeyError", "message": "model.layers.0.mlp.down_proj.weight_scale"}
+    broken = {
+        "stage": "load",
+        "error_type": "KeyError",
+        "message": "model.layers.0.mlp.down_proj.weight_scale",
+    }
     assert classify_failure(broken)[0] == "failed"
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import typer
 
-from quantkit.cli import calibrate, quantize, verify, zoo
+from quantkit.cli import build, calibrate, quantize, verify, zoo
 from quantkit.cli._common import QuantkitGroup
 
 app = typer.Typer(
@@ -25,7 +27,20 @@ app.command("calibrate")(calibrate.calibrate)
 app.command("quantize")(quantize.quantize)
 app.command("recipes")(quantize.recipes)
 app.command("verify")(verify.verify)
+app.command("targets")(build.targets)
+app.command("build")(build.build)
+
+
+def _quiet_libraries() -> None:
+    """Library chatter (llmcompressor's INFO lines, per-file progress bars) buries quantkit's own
+    tables; QUANTKIT_VERBOSE=1 keeps it."""
+    if os.environ.get("QUANTKIT_VERBOSE"):
+        return
+    os.environ.setdefault("LLM_COMPRESSOR_LOG_LEVEL", "WARNING")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 def main() -> None:
+    _quiet_libraries()
     app()

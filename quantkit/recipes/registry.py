@@ -27,8 +27,12 @@ class RecipeInfo:
     path: Path
 
 
+# recipes/ also holds the hardware targets table, which is not a recipe.
+NOT_RECIPES = {"targets.yaml"}
+
+
 def builtin_recipe_files() -> dict[str, Path]:
-    return {path.stem: path for path in sorted(RECIPES_DIR.glob("*.yaml"))}
+    return {path.stem: path for path in sorted(RECIPES_DIR.glob("*.yaml")) if path.name not in NOT_RECIPES}
 
 
 def load_recipe_file(path: Path) -> Recipe:

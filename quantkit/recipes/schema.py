@@ -26,6 +26,17 @@ Scheme = Literal["W8A8", "W4A16", "FP8", "FP8_DYNAMIC"]
 ActOrder = Literal["static", "weight", "group", "dynamic"]
 
 
+class DriftLimits(BaseModel):
+    """How far a checkpoint's next-token distribution may move from the original's on held-out
+    calibration samples, per modality and per task (``quantkit verify --reference``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_kl: float = Field(gt=0, description="mean next-token KL(original || quantized), nats")
+    min_top1: float = Field(ge=0, le=1, description="fraction of positions with the same top-1 token")
+    min_cosine: float = Field(ge=-1, le=1, description="mean cosine between logit vectors")
+
+
 class Recipe(BaseModel):
     """A quantization recipe (``recipes/NAME.yaml`` or a user file)."""
 
@@ -43,6 +54,7 @@ class Recipe(BaseModel):
     actorder: ActOrder | None = GPTQ_DEFAULT_ACTORDER
     dampening_frac: float = Field(default=GPTQ_DEFAULT_DAMPENING_FRAC, gt=0.0, lt=1.0)
     kv_cache_fp8: bool = False
+    drift_thresholds: DriftLimits | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:

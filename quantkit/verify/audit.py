@@ -147,12 +147,12 @@ def module_names_of_keys(model: torch.nn.Module, stored_modules: set[str]) -> di
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import WeightRenaming, rename_source_key
 
-    transforms = get_model_conversion_mapping(model)
-    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
-    converters = [t for t in transforms if not isinstance(t, WeightRenaming)]
+    # Renamings only: converters fuse per-expert Linears into 3D tensors, but quantized experts
+    # stay per-expert Linears (the skeleton below is unfused to match).
+    renamings = [t for t in get_model_conversion_mapping(model) if isinstance(t, WeightRenaming)]
     mapping = {}
     for name in stored_modules:
-        renamed, _ = rename_source_key(f"{name}.weight", renamings, converters)
+        renamed, _ = rename_source_key(f"{name}.weight", renamings, [])
         mapping[name] = renamed.removesuffix(".weight")
     return mapping
 
@@ -191,6 +191,9 @@ def audit_checkpoint(checkpoint: Path, *, adapter: Adapter | Path | None = None)
             scheme.targets = [unprefix_pattern(t, prefix) for t in scheme.targets]
     index = read_tensor_index(checkpoint, prefix)
     skeleton = adapter.meta_model(checkpoint)
+    from quantkit.quantize.run import unfuse_experts_on_meta
+
+    unfuse_experts_on_meta(skeleton)  # quantized MoE checkpoints hold one Linear per expert
     linears = {n: m for n, m in skeleton.named_modules() if isinstance(m, torch.nn.Linear)}
     module_names = {n for n, _ in skeleton.named_modules()}
     saved_names = {

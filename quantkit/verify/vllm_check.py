@@ -128,7 +128,10 @@ def classify_failure(answer: dict) -> tuple[str, str]:
     """('skipped', why) when the local backend lacks a kernel for the scheme; else ('failed', why)."""
     message = f"{answer.get('error_type')}: {answer.get('message')}"
     if missing_kernel(answer.get("error_type"), str(answer.get("message"))):
-        return "skipped", f"vLLM's local backend has no kernel for this scheme ({answer.get('stage')}): {message}"
+        return (
+            "skipped",
+            f"vLLM's local backend has no kernel for this scheme ({answer.get('stage')}): {message}",
+        )
     return "failed", f"vLLM {answer.get('stage')} failed: {message}"
 
 

@@ -1,0 +1,153 @@
+"""Hardware targets and `quantkit build`: one checkpoint per target, failures isolated, re-runs skip."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from quantkit.calibset import CalibrateOptions, build_calibration_set
+from quantkit.cli import app
+from quantkit.errors import InputError
+from quantkit.recipes import get_recipe
+from quantkit.targets import build_checkpoints, load_targets
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def omni_calib(zoo_model, demo_pool, tmp_path_factory) -> Path:
+    calib = tmp_path_factory.mktemp("build-calib") / "set"
+    model = zoo_model("tiny-qwen2.5-omni")
+    build_calibration_set([demo_pool], calib, CalibrateOptions(size=40, model=model, max_seq_len=1024))
+    return calib
+
+
+def test_targets_file_follows_the_seed_and_names_real_recipes():
+    targets = {t.name: t for t in load_targets().targets}
+    assert targets["h20"].recipe == "fp8"  # seed: H20 -> FP8
+    assert targets["rtx4090"].recipe == "w4a16"  # seed: 4090 -> W4A16
+    assert targets["ampere"].recipe in ("w8a8-sq-gptq", "w4a16")  # no FP8 tensor cores before Ada
+    assert targets["cpu"].recipe == "w8a8-sq-gptq"
+    for target in targets.values():
+        for name in (target.recipe, *(f.recipe for f in target.fallbacks)):
+            get_recipe(name)
+    # Together the targets exercise every built-in recipe.
+    assert {t.recipe for t in targets.values()} == {"fp8", "fp8-dynamic", "w4a16", "w8a8-sq-gptq"}
+
+
+def test_targets_cli_prints_table_and_unknown_target_suggests():
+    result = runner.invoke(app, ["targets"])
+    assert result.exit_code == 0 and "rtx4090" in result.output and "w4a16" in result.output
+    with pytest.raises(InputError, match="did you mean 'rtx4090'"):
+        load_targets().get("rtx4080x")
+
+
+def test_invalid_targets_file_names_field(tmp_path):
+    bad = tmp_path / "targets.yaml"
+    bad.write_text("version: 1\ntargets:\n  - {name: x, hardware: [A], recipe: w5a5, why: test}\n")
+    with pytest.raises(InputError, match="unknown recipe 'w5a5'") as err:
+        load_targets(bad)
+    assert err.value.line == 3
+
+
+@pytest.mark.slow
+def test_build_two_targets_then_rerun_skips(zoo_model, omni_calib, tmp_path):
+    model = zoo_model("tiny-qwen2.5-omni")
+    out = tmp_path / "out"
+    args = ["build", "--target", "rtx4090", "--target", "l40s", "--model", str(model)]
+    args += [
+        "--calib",
+        str(omni_calib),
+        "--output-root",
+        str(out),
+        "--num-samples",
+        "12",
+        "--drift-samples",
+        "4",
+    ]
+    first = runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert "Build summary" in first.output
+    build = json.loads((out / "build.json").read_text())
+    assert build["passed"] is True
+    by_recipe = {c["recipe"]: c for c in build["checkpoints"]}
+    assert set(by_recipe) == {"w4a16", "fp8-dynamic"}
+    for recipe, entry in by_recipe.items():
+        checkpoint = Path(entry["checkpoint"])
+        assert checkpoint == out / f"{model.name}-{recipe}"
+        assert (checkpoint / "quantkit.json").is_file() and (checkpoint / "verify.json").is_file()
+        assert entry["status"] == "passed" and entry["drift"]["kl"] > 0
+    assert by_recipe["w4a16"]["size_ratio"] < 0.3  # int4 plus group scales
+    # Same inputs: both are skipped.
+    second = runner.invoke(app, args)
+    assert second.exit_code == 0, second.output
+    again = json.loads((out / "build.json").read_text())
+    assert [c["status"] for c in again["checkpoints"]] == ["up-to-date", "up-to-date"]
+    # --force rebuilds.
+    forced = build_checkpoints(
+        model, out, ["l40s"], calib=omni_calib, num_samples=12, drift_samples=4, force=True
+    )
+    assert [c.status for c in forced.checkpoints] == ["passed"]
+
+
+@pytest.mark.slow
+def test_failing_target_leaves_the_other_complete(zoo_model, demo_pool, tmp_path):
+    """Qwen3-Omni-MoE's W8A8 output cannot be reloaded by transformers: the ampere target is
+    refused up front, the l40s target (fp8-dynamic) completes, the exit code says one failed."""
+    model = zoo_model("tiny-qwen3-omni-moe")
+    calib = tmp_path / "calib"
+    build_calibration_set([demo_pool], calib, CalibrateOptions(size=40, model=model, max_seq_len=1024))
+    out = tmp_path / "out"
+    args = ["build", "--target", "ampere", "--target", "l40s", "--model", str(model), "--calib", str(calib)]
+    result = runner.invoke(
+        app, [*args, "--output-root", str(out), "--num-samples", "8", "--drift-samples", "4"]
+    )
+    assert result.exit_code == 1, result.output
+    build = json.loads((out / "build.json").read_text())
+    status = {c["recipe"]: c for c in build["checkpoints"]}
+    assert status["w8a8-sq-gptq"]["status"] == "error"
+    assert "cannot reload" in status["w8a8-sq-gptq"]["reasons"][0]
+    assert status["fp8-dynamic"]["status"] == "passed"
+    assert (out / f"{model.name}-fp8-dynamic" / "quantkit.json").is_file()
+    assert not (out / f"{model.name}-w8a8-sq-gptq").exists()
+
+
+def test_build_needs_calib_for_data_recipes(zoo_model, tmp_path):
+    result = runner.invoke(
+        app,
+        [
+            "build",
+            "--target",
+            "rtx4090",
+            "--model",
+            str(zoo_model("tiny-qwen3")),
+            "--output-root",
+            str(tmp_path),
+        ],
+    )
+    assert result.exit_code == 2 and "--calib" in result.output
+
+
+def test_workflow_is_valid_and_runs_the_tested_commands():
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "checkpoints.yml").read_text())
+    job = workflow["jobs"]["build"]
+    targets = {t.name for t in load_targets().targets}
+    assert set(job["strategy"]["matrix"]["target"]) == targets
+    assert job["strategy"]["fail-fast"] is False
+    runs = [step["run"] for step in job["steps"] if "run" in step]
+    assert runs[0] == "make install"
+    calibrate, build = (shlex.split(run) for run in runs[1:3])
+    # The same commands the tests drive through the CLI above.
+    assert calibrate[:2] == [".venv/bin/quantkit", "calibrate"] and "--model" in calibrate
+    assert build[:2] == [".venv/bin/quantkit", "build"]
+    assert "--target ${{ matrix.target }}" in runs[2]
+    for option in ("--model", "--calib", "--output-root"):
+        assert option in build
+    uploads = [step for step in job["steps"] if step.get("uses", "").startswith("actions/upload-artifact")]
+    assert uploads and "checkpoints/build.json" in uploads[0]["with"]["path"]
