@@ -16,11 +16,24 @@ def targets() -> None:
     """List the hardware targets (recipes/targets.yaml): the recipe each gets, why, and its fallbacks."""
     from quantkit.targets import load_targets
 
-    table = Table("target", "hardware", "recipe", "why", "fallbacks", title="Hardware targets")
-    for target in load_targets().targets:
-        fallbacks = "; ".join(f"{f.recipe} ({f.when})" for f in target.fallbacks)
-        table.add_row(target.name, ", ".join(target.hardware), target.recipe, target.why, fallbacks)
+    table = Table(title="Hardware targets")
+    table.add_column("target", no_wrap=True)
+    table.add_column("hardware")
+    table.add_column("recipe", no_wrap=True)
+    table.add_column("fallbacks")
+    chosen = load_targets().targets
+    for target in chosen:
+        table.add_row(
+            target.name,
+            ", ".join(target.hardware),
+            target.recipe,
+            ", ".join(f.recipe for f in target.fallbacks),
+        )
     console.print(table)
+    for target in chosen:  # the reasons read better as paragraphs than as a narrow column
+        console.print(f"[bold]{target.name}[/] -> {target.recipe}: {target.why}")
+        for fallback in target.fallbacks:
+            console.print(f"    fallback {fallback.recipe}: {fallback.when}")
 
 
 def build(

@@ -30,17 +30,17 @@ def recipes() -> None:
     the hardware they suit. Pass a name to `quantkit quantize --recipe`, or your own YAML file."""
     from quantkit.recipes import list_recipes
 
-    table = Table("recipe", "scheme", "method", "needs data", "format", "hardware")
-    for info in list_recipes():
+    table = Table(title="Recipes")
+    for header in ("recipe", "scheme", "method", "needs data", "format"):
+        table.add_column(header, no_wrap=True)
+    infos = list_recipes()
+    for info in infos:
         table.add_row(
-            info.name,
-            info.scheme,
-            info.method,
-            "yes" if info.needs_data else "no",
-            info.checkpoint_format,
-            info.hardware,
+            info.name, info.scheme, info.method, "yes" if info.needs_data else "no", info.checkpoint_format
         )
     console.print(table)
+    for info in infos:  # long text reads better as lines than as a narrow column
+        console.print(f"[bold]{info.name}[/]: {info.hardware}")
 
 
 def quantize(
