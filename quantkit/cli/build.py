@@ -90,17 +90,10 @@ def build(
 
 
 def print_build_summary(report) -> None:
-    table = Table(
-        "targets",
-        "recipe",
-        "status",
-        "size vs 16-bit",
-        "KL",
-        "top-1",
-        "vLLM",
-        "seconds",
-        title="Build summary",
-    )
+    table = Table(title="Build summary")
+    table.add_column("targets")
+    for header in ("recipe", "status", "size", "KL", "top-1", "vLLM", "s"):
+        table.add_column(header, no_wrap=True)
     for c in report.checkpoints:
         colour = "green" if c.ok else "red"
         drift = c.drift or {}
@@ -109,7 +102,7 @@ def print_build_summary(report) -> None:
             c.recipe,
             f"[{colour}]{c.status}[/]",
             f"{c.size_ratio:.3f}x" if c.size_ratio else "-",
-            f"{drift['kl']:.2e}" if "kl" in drift else "-",
+            f"{drift['kl']:.1e}" if "kl" in drift else "-",
             f"{drift['top1']:.3f}" if "top1" in drift else "-",
             c.vllm or "-",
             f"{c.seconds:.0f}",
