@@ -9,7 +9,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 TV_META := $(VLLM_VENV)/lib/python3.11/site-packages/torchvision/_meta_registrations.py
 
-.PHONY: install vllm-env demo test test-quick lint clean checkpoints
+.PHONY: install vllm-env demo test test-quick lint clean checkpoints bench
 
 install: $(STAMP)
 
@@ -57,6 +57,10 @@ checkpoints: install
 
 test: install vllm-env
 	$(BIN)/python -m pytest
+
+# CPU benchmarks (~12 min on 2 cores): writes bench/RESULTS.md. GPU serving speed: bench/gpu_vllm.py.
+bench: install
+	$(BIN)/python bench/run_all.py
 
 test-quick: install
 	$(BIN)/python -m pytest -m "not slow"

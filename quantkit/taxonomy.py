@@ -102,5 +102,15 @@ class Taxonomy(_Strict):
         return task.weight if task.weight is not None else self.tiers[task.tier]
 
 
+def task_lookup(taxonomy: Taxonomy) -> dict[str, TaskSpec]:
+    """``taxonomy.resolve`` as a dict (every name and alias -> the first task naming it), for
+    loops over many records."""
+    names: dict[str, TaskSpec] = {}
+    for task in taxonomy.tasks:
+        for name in (task.name, *task.aliases):
+            names.setdefault(name, task)
+    return names
+
+
 def load_taxonomy(path: Path | None = None) -> Taxonomy:
     return load_yaml_model(path or DEFAULT_TAXONOMY, Taxonomy, what="taxonomy")

@@ -6,6 +6,7 @@ import json
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 
 from quantkit import __version__
@@ -14,6 +15,7 @@ from quantkit.calibset.report import summarize, write_report_markdown
 from quantkit.errors import InputError
 from quantkit.fsutil import atomic_output_dir, check_output_free, sha256_file
 from quantkit.pool import PoolRecord, read_pool
+from quantkit.pool.reader import gc_paused
 from quantkit.taxonomy import DEFAULT_TAXONOMY, Taxonomy, load_taxonomy
 
 SET_FORMAT = "quantkit-calibration-set"
@@ -139,63 +141,66 @@ def build_calibration_set(
         if not records:
             raise InputError(f"every sample is longer than --max-seq-len {options.max_seq_len}")
 
-    hooks.phase("allocating")
-    by_stratum: dict[str, list[PoolRecord]] = defaultdict(list)
-    for record in records:
-        by_stratum[record.stratum].append(record)
-    for members in by_stratum.values():
-        members.sort(key=lambda r: (r.record_id, r.source, r.line))
-    weights = {s: taxonomy.weight(taxonomy.resolve(m[0].task)) for s, m in by_stratum.items()}
-    available = {s: len(m) for s, m in by_stratum.items()}
-    if len(records) < options.size:
-        message = f"the pool has {len(records)} usable samples, fewer than --size {options.size}"
-        if options.strict:
-            raise InputError(message, hint="add samples, lower --size, or drop --strict to use them all")
-        notes.append(message + "; all are used")
-    counts = allocate(available, weights, options.size, floor=options.min_per_stratum)
-    selected = [
-        record
-        for stratum in sorted(counts)
-        for record in choose(by_stratum[stratum], counts[stratum], seed=options.seed, stratum=stratum)
-    ]
+    # Nothing below makes reference cycles: no cyclic GC walking the pool's records meanwhile.
+    with gc_paused():
+        hooks.phase("allocating")
+        by_stratum: dict[str, list[PoolRecord]] = defaultdict(list)
+        for record in records:
+            by_stratum[record.stratum].append(record)
+        by_id = attrgetter("record_id", "source", "line")
+        for members in by_stratum.values():
+            members.sort(key=by_id)
+        weights = {s: taxonomy.weight(taxonomy.resolve(m[0].task)) for s, m in by_stratum.items()}
+        available = {s: len(m) for s, m in by_stratum.items()}
+        if len(records) < options.size:
+            message = f"the pool has {len(records)} usable samples, fewer than --size {options.size}"
+            if options.strict:
+                raise InputError(message, hint="add samples, lower --size, or drop --strict to use them all")
+            notes.append(message + "; all are used")
+        counts = allocate(available, weights, options.size, floor=options.min_per_stratum)
+        selected = [
+            record
+            for stratum in sorted(counts)
+            for record in choose(by_stratum[stratum], counts[stratum], seed=options.seed, stratum=stratum)
+        ]
 
-    rows = [_row(record, taxonomy, tokens.get(id(record))) for record in selected]
-    report = summarize(
-        taxonomy=taxonomy,
-        pool=pool,
-        usable=records,
-        selected=selected,
-        tokens={r.record_id: tokens[id(r)] for r in selected} if tokens else None,
-        too_long=too_long,
-    )
-    report.update(
-        {
-            "format": SET_FORMAT,
-            "version": SET_VERSION,
-            "quantkit_version": __version__,
-            "samples_file": SAMPLES_FILE,
-            "size_requested": options.size,
-            "size": len(rows),
-            "seed": options.seed,
-            "min_per_stratum": options.min_per_stratum,
-            "max_seq_len": options.max_seq_len,
-            "model": str(Path(options.model).resolve()) if options.model else None,
-            "taxonomy": {"path": str(taxonomy_path.resolve()), "sha256": sha256_file(taxonomy_path)},
-            "inputs": pool.inputs,
-            "notes": notes,
-        }
-    )
-    hooks.phase("writing")
-    with atomic_output_dir(output, force=options.force) as staging:
-        samples_path = staging / SAMPLES_FILE
-        with open(samples_path, "w", encoding="utf-8") as handle:
-            for row in rows:
-                handle.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
-        report["samples_sha256"] = sha256_file(samples_path)
-        (staging / REPORT_FILE).write_text(
-            json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+        rows = [_row(record, taxonomy, tokens.get(id(record))) for record in selected]
+        report = summarize(
+            taxonomy=taxonomy,
+            pool=pool,
+            usable=records,
+            selected=selected,
+            tokens={r.record_id: tokens[id(r)] for r in selected} if tokens else None,
+            too_long=too_long,
         )
-        write_report_markdown(report, staging / "report.md")
+        report.update(
+            {
+                "format": SET_FORMAT,
+                "version": SET_VERSION,
+                "quantkit_version": __version__,
+                "samples_file": SAMPLES_FILE,
+                "size_requested": options.size,
+                "size": len(rows),
+                "seed": options.seed,
+                "min_per_stratum": options.min_per_stratum,
+                "max_seq_len": options.max_seq_len,
+                "model": str(Path(options.model).resolve()) if options.model else None,
+                "taxonomy": {"path": str(taxonomy_path.resolve()), "sha256": sha256_file(taxonomy_path)},
+                "inputs": pool.inputs,
+                "notes": notes,
+            }
+        )
+        hooks.phase("writing")
+        with atomic_output_dir(output, force=options.force) as staging:
+            samples_path = staging / SAMPLES_FILE
+            with open(samples_path, "w", encoding="utf-8") as handle:
+                for row in rows:
+                    handle.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
+            report["samples_sha256"] = sha256_file(samples_path)
+            (staging / REPORT_FILE).write_text(
+                json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+            )
+            write_report_markdown(report, staging / "report.md")
     return CalibrationSetResult(output=output, report=report, notes=notes)
 
 

@@ -4,15 +4,30 @@ the table `quantkit calibrate` prints."""
 from __future__ import annotations
 
 from collections import Counter
+from operator import attrgetter, itemgetter
 from pathlib import Path
+from types import SimpleNamespace
 
 from quantkit.pool import PoolReadResult, PoolRecord
-from quantkit.taxonomy import Taxonomy
+from quantkit.taxonomy import Taxonomy, task_lookup
+
+_KEY = attrgetter("task", "modality", "bucket")  # what a stratum is made of
 
 
-def _breakdown(pool: list[PoolRecord], selected: list[PoolRecord], key) -> list[dict]:
-    in_pool, chosen = Counter(map(key, pool)), Counter(map(key, selected))
-    total = max(1, len(selected))
+def _stratum_name(key: tuple[str, str, str]) -> str:
+    """PoolRecord.stratum for a (task, modality, bucket) key."""
+    task, modality, bucket = key
+    return PoolRecord.stratum.fget(SimpleNamespace(task=task, modality=modality, bucket=bucket))
+
+
+def _breakdown(pool: Counter, selected: Counter, label, total: int) -> list[dict]:
+    """Pool and selected counts by ``label(key)``, from counts by (task, modality, bucket)."""
+    in_pool, chosen = Counter(), Counter()
+    for key, count in pool.items():
+        in_pool[label(key)] += count
+    for key, count in selected.items():
+        chosen[label(key)] += count
+    total = max(1, total)
     return [
         {
             "name": name,
@@ -49,9 +64,15 @@ def summarize(
     tokens: dict[str, int] | None,
     too_long: list[PoolRecord],
 ) -> dict:
+    # One pass over the records: everything below is counted by (task, modality, bucket).
+    pool_keys, selected_keys = Counter(map(_KEY, usable)), Counter(map(_KEY, selected))
+    strata = {key: _stratum_name(key) for key in pool_keys.keys() | selected_keys.keys()}
     tasks = []
-    by_task_pool = Counter(r.task for r in usable)
-    by_task_sel = Counter(r.task for r in selected)
+    by_task_pool, by_task_sel = Counter(), Counter()
+    for key, count in pool_keys.items():
+        by_task_pool[key[0]] += count
+    for key, count in selected_keys.items():
+        by_task_sel[key[0]] += count
     total = max(1, len(selected))
     for task in taxonomy.tasks:
         tasks.append(
@@ -64,19 +85,21 @@ def summarize(
                 "share": round(by_task_sel[task.name] / total, 4),
             }
         )
-    pool_strata = {r.stratum for r in usable}
-    chosen_strata = {r.stratum for r in selected}
+    pool_strata = {strata[key] for key in pool_keys}
+    chosen_strata = {strata[key] for key in selected_keys}
     skipped = Counter(s.reason.split(":")[0] for s in pool.skipped)
+    tiers = {name: task.tier for name, task in task_lookup(taxonomy).items()}
+    n = len(selected)
     return {
         "pool_records": len(usable) + len(too_long),
         "tasks": tasks,
-        "tiers": _breakdown(usable, selected, lambda r: taxonomy.resolve(r.task).tier),
-        "modalities": _breakdown(usable, selected, lambda r: r.modality),
-        "buckets": _breakdown(usable, selected, lambda r: r.bucket),
-        "strata": _breakdown(usable, selected, lambda r: r.stratum),
+        "tiers": _breakdown(pool_keys, selected_keys, lambda key: tiers[key[0]], n),
+        "modalities": _breakdown(pool_keys, selected_keys, itemgetter(1), n),
+        "buckets": _breakdown(pool_keys, selected_keys, itemgetter(2), n),
+        "strata": _breakdown(pool_keys, selected_keys, strata.__getitem__, n),
         "coverage": {
             "tasks_in_taxonomy": len(taxonomy.tasks),
-            "tasks_selected": len({r.task for r in selected}),
+            "tasks_selected": len({key[0] for key in selected_keys}),
             "strata_in_pool": len(pool_strata),
             "strata_selected": len(chosen_strata),
             "strata_missing": sorted(pool_strata - chosen_strata),

@@ -7,12 +7,17 @@ Media are probed from their headers only, once per file, so memory stays bounded
 from __future__ import annotations
 
 import difflib
+import functools
+import gc
 import hashlib
 import json
 import math
 import os
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,14 +34,14 @@ from quantkit.media import (
     probe_image,
     probe_video,
 )
-from quantkit.taxonomy import Buckets, ImageRule, Taxonomy
+from quantkit.taxonomy import Buckets, ImageRule, Taxonomy, task_lookup
 
 MEDIA_FIELDS = {"image": "images", "video": "videos", "audio": "audios"}
 BUCKET_NAMES = {"image": ("small", "medium", "large"), "video": ("short", "medium", "long")}
 BUCKET_NAMES["audio"] = BUCKET_NAMES["video"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PoolRecord:
     """One valid pool record, normalised: media paths absolute, task canonical."""
 
@@ -141,7 +146,32 @@ class _MediaProbe:
         return result
 
 
-def _messages(record: dict) -> list[dict]:
+# What json.dumps(..., ensure_ascii=False) writes for a string: records' JSON (payload, id hash,
+# text key) is assembled from pieces with it, byte-identical to dumping the dicts with sort_keys.
+_json_str = json.encoder.encode_basestring
+_dumps = functools.partial(json.dumps, ensure_ascii=False)
+_decode_json = json.JSONDecoder().decode  # json.loads(str) with default settings
+_ROLE_JSON = {alias: _json_str(role) for alias, role in ROLE_ALIASES.items()}
+if PLACEHOLDER.pattern != "<(image|video|audio)>":  # _messages_json counts these literals
+    raise RuntimeError(f"quantkit.chat.PLACEHOLDER changed ({PLACEHOLDER.pattern}): update _messages_json")
+
+
+def _turn_json(turn: object, i: int, role_key: str, text_key: str) -> tuple[str, str]:
+    """One turn checked in the order of the format's rules: (its JSON, its text)."""
+    if not isinstance(turn, dict) or role_key not in turn or text_key not in turn:
+        raise RecordError(f"turn {i} must be an object with '{role_key}' and '{text_key}'")
+    role, text = turn[role_key], turn[text_key]
+    if role not in ROLE_ALIASES:
+        raise RecordError(f"turn {i} has unknown role {role!r}; use system, user or assistant")
+    if not isinstance(text, str):
+        raise RecordError(f"turn {i} content must be a string with <image>/<video>/<audio> placeholders")
+    return '{"content": ' + _json_str(text) + ', "role": ' + _ROLE_JSON[role] + "}", text
+
+
+def _messages_json(record: dict) -> tuple[str, tuple[int, int, int]]:
+    """The normalised turns as JSON (``[{"content": ..., "role": ...}, ...]``, what
+    ``json.dumps(turns, sort_keys=True, ensure_ascii=False)`` gives) and the placeholder counts
+    (image, video, audio)."""
     if "messages" in record:
         raw, role_key, text_key = record["messages"], "role", "content"
     elif "conversations" in record:
@@ -150,36 +180,29 @@ def _messages(record: dict) -> list[dict]:
         raise RecordError("missing field 'messages' (or ShareGPT 'conversations')")
     if not isinstance(raw, list) or not raw:
         raise RecordError("'messages' must be a non-empty list of chat turns")
-    turns = []
-    for i, turn in enumerate(raw):
-        if not isinstance(turn, dict) or role_key not in turn or text_key not in turn:
-            raise RecordError(f"turn {i} must be an object with '{role_key}' and '{text_key}'")
-        role, text = turn[role_key], turn[text_key]
-        if role not in ROLE_ALIASES:
-            raise RecordError(f"turn {i} has unknown role {role!r}; use system, user or assistant")
-        if not isinstance(text, str):
-            raise RecordError(f"turn {i} content must be a string with <image>/<video>/<audio> placeholders")
-        turns.append({"role": ROLE_ALIASES[role], "content": text})
-    return turns
-
-
-def _media_paths(record: dict, kind: str, base: Path) -> list[Path]:
-    name = MEDIA_FIELDS[kind]
-    value = record.get(name) or []
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise RecordError(f"'{name}' must be a list of file paths")
-    paths = []
-    for text in value:
-        path = Path(text)
-        full = Path(os.path.normpath(path if path.is_absolute() else base / path))
-        if base not in full.parents:
-            raise RecordError(f"path {text!r} escapes the pool folder {base}")
-        if not full.is_file():
-            raise RecordError(f"{kind} file not found: {text}")
-        paths.append(full)
-    return paths
+    parts = []
+    images = videos = audios = 0
+    role_json, json_str = _ROLE_JSON, _json_str
+    try:
+        for turn in raw:
+            role = role_json[turn[role_key]]
+            text = turn[text_key]
+            if type(text) is not str:
+                raise TypeError
+            if "<" in text:  # placeholders never overlap: counting each literal equals PLACEHOLDER's matches
+                images += text.count("<image>")
+                videos += text.count("<video>")
+                audios += text.count("<audio>")
+            parts.append('{"content": ' + json_str(text) + ', "role": ' + role + "}")
+    except (KeyError, TypeError):  # not a dict, a missing key, an unknown role, content not a string
+        parts, images, videos, audios = [], 0, 0, 0
+        for i, turn in enumerate(raw):  # again, checked: raises the first problem
+            part, text = _turn_json(turn, i, role_key, text_key)
+            images += text.count("<image>")
+            videos += text.count("<video>")
+            audios += text.count("<audio>")
+            parts.append(part)
+    return "[" + ", ".join(parts) + "]", (images, videos, audios)
 
 
 def _suggest(name: str, taxonomy: Taxonomy) -> str:
@@ -190,6 +213,235 @@ def _suggest(name: str, taxonomy: Taxonomy) -> str:
         if close
         else f"known tasks: {', '.join(t.name for t in taxonomy.tasks)}"
     )
+
+
+class _Media:
+    """One combination of media lists (images, videos, audios) as records spell it, resolved.
+
+    Records of a big pool reuse a few thousand media files: paths are resolved and checked once
+    per spelling, probes and the derived fields (modality, bucket, JSON pieces) once per
+    combination."""
+
+    __slots__ = ("paths", "counts", "derived")
+
+    def __init__(self, paths: tuple[list[Path], list[Path], list[Path]]) -> None:
+        self.paths = paths
+        self.counts = tuple(len(p) for p in paths)
+        self.derived: _Derived | None = None
+
+
+@dataclass(slots=True)
+class _Derived:
+    media: tuple[str, ...]
+    modality: str
+    bucket: str
+    image_tokens: int
+    video_seconds: float
+    audio_seconds: float
+    payload_head: str  # '{"audios": [...], "id": '
+    payload_middle: str  # ', "images": [...], "messages": '
+    videos_json: str  # absolute paths
+    relative_json: tuple[str, str, str]  # images, videos, audios: for the derived id
+    tails: dict[str, str] = field(default_factory=dict)  # task -> ', "task": ..., "videos": [...]}'
+
+
+class _RecordParser:
+    """Validates the records of one pool file (``parse``), sharing the work records repeat.
+
+    ``parse(record, line)`` gives exactly what the format's rules say, in their order (messages,
+    task, media lists and paths, placeholder counts, media headers); the JSON it stores is what
+    ``json.dumps(..., sort_keys=True, ensure_ascii=False)`` writes, assembled from cached pieces.
+    """
+
+    def __init__(
+        self,
+        *,
+        base: Path,
+        source: str,
+        taxonomy: Taxonomy,
+        buckets: Buckets,
+        image_rule: ImageRule,
+        task_field: str,
+        probe: _MediaProbe,
+    ) -> None:
+        self.base, self.source, self.taxonomy = base, source, taxonomy
+        self.buckets, self.image_rule, self.task_field, self.probe = buckets, image_rule, task_field, probe
+        self.tasks = task_lookup(taxonomy)
+        self.combos: dict[tuple, _Media] = {}
+        self.paths: dict[str, Path | str] = {}  # as written -> absolute path, or "escapes" / "missing"
+        self.parse = self._make_parse()
+
+    # -- media paths -----------------------------------------------------------------------
+
+    def _path(self, kind: str, text: str) -> Path:
+        full = self.paths.get(text)
+        if full is None:
+            path = Path(text)
+            full = Path(os.path.normpath(path if path.is_absolute() else self.base / path))
+            if self.base not in full.parents:
+                full = "escapes"
+            elif not full.is_file():
+                full = "missing"
+            self.paths[text] = full
+        if isinstance(full, str):
+            if full == "escapes":
+                raise RecordError(f"path {text!r} escapes the pool folder {self.base}")
+            raise RecordError(f"{kind} file not found: {text}")
+        return full
+
+    def _media_lists(self, record: dict) -> _Media:
+        """The record's media lists, validated and resolved: list errors and path errors in field
+        order, as ``parse`` would meet them. Remembered by the lists' content."""
+        resolved = []
+        for kind, name in MEDIA_FIELDS.items():
+            value = record.get(name) or []
+            if isinstance(value, str):
+                value = [value]
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                raise RecordError(f"'{name}' must be a list of file paths")
+            resolved.append((tuple(value), [self._path(kind, text) for text in value]))
+        combo = _Media((resolved[0][1], resolved[1][1], resolved[2][1]))
+        self.combos[(resolved[0][0], resolved[1][0], resolved[2][0])] = combo
+        return combo
+
+    def _derive(self, combo: _Media) -> _Derived:
+        """Probe the combination's media (first failure raises) and derive what records store."""
+        images, videos, audios = combo.paths
+        probe, rule, buckets = self.probe, self.image_rule, self.buckets
+        image_infos = [probe("image", path) for path in images]
+        video_infos = [probe("video", path) for path in videos]
+        audio_infos = [probe("audio", path) for path in audios]
+        tokens = sum(image_tokens(i.width, i.height, rule) for i in image_infos)
+        video_s = sum(v.duration_s for v in video_infos)
+        audio_s = sum(a.duration_s for a in audio_infos)
+        has_sound = bool(video_infos) and all(v.has_audio for v in video_infos)
+        modality = modality_name(len(images), len(videos), len(audios), has_sound)
+        if videos:
+            bucket = bucket_label("video", video_s, buckets.video_seconds)
+        elif images:
+            bucket = bucket_label("image", tokens, buckets.image_tokens)
+        elif audios:
+            bucket = bucket_label("audio", audio_s, buckets.audio_seconds)
+        else:
+            bucket = "text"
+        absolute = [[str(p) for p in paths] for paths in combo.paths]
+        relative = tuple(_dumps([str(p.relative_to(self.base)) for p in paths]) for paths in combo.paths)
+        derived = _Derived(
+            media=tuple(p for paths in absolute for p in paths),
+            modality=modality,
+            bucket=bucket,
+            image_tokens=tokens,
+            video_seconds=round(video_s, 3),
+            audio_seconds=round(audio_s, 3),
+            payload_head='{"audios": ' + _dumps(absolute[2]) + ', "id": ',
+            payload_middle=', "images": ' + _dumps(absolute[0]) + ', "messages": ',
+            videos_json=_dumps(absolute[1]),
+            relative_json=relative,
+        )
+        combo.derived = derived
+        return derived
+
+    def _count_error(self, counts: tuple[int, int, int], combo: _Media) -> RecordError:
+        kind, count, paths = next(
+            (k, c, p) for k, c, p in zip(MEDIA_FIELDS, counts, combo.paths, strict=True) if c != len(p)
+        )
+        return RecordError(
+            f"{count} <{kind}> placeholder(s) in the messages but {len(paths)} "
+            f"path(s) in '{MEDIA_FIELDS[kind]}'"
+        )
+
+    # -- a record (the hot loop: locals, no attribute lookups) -----------------------------
+
+    def _make_parse(self) -> Callable[[object, int], tuple[PoolRecord, bool]]:
+        tasks, combos, task_field, source, taxonomy = (
+            self.tasks, self.combos, self.task_field, self.source, self.taxonomy
+        )  # fmt: skip
+        media_lists, derive, count_error = self._media_lists, self._derive, self._count_error
+        task_json = {task.name: _json_str(task.name) for task in taxonomy.tasks}
+        messages_json_of, json_str, sha256, new_record = (
+            _messages_json,
+            _json_str,
+            hashlib.sha256,
+            _new_record,
+        )
+        media_key = _media_key
+
+        def parse(record: object, line: int) -> tuple[PoolRecord, bool]:
+            if not isinstance(record, dict):
+                raise RecordError("a record must be a JSON object")
+            messages_json, counts = messages_json_of(record)
+            task_name = record.get(task_field)
+            if not isinstance(task_name, str) or not task_name:
+                raise RecordError(f"missing field '{task_field}' (the task name)")
+            task = tasks.get(task_name)
+            if task is None:
+                raise RecordError(f"unknown task {task_name!r}; {_suggest(task_name, taxonomy)}")
+
+            # Media lists: by their content from the cache; anything unusual takes the checked path.
+            try:
+                combo = combos.get(
+                    (
+                        media_key(record.get("images")),
+                        media_key(record.get("videos")),
+                        media_key(record.get("audios")),
+                    )
+                )
+            except TypeError:  # an unhashable item: the checked path says what is wrong
+                combo = None
+            if combo is None:
+                combo = media_lists(record)
+            if counts != combo.counts:
+                raise count_error(counts, combo)
+            derived = combo.derived or derive(combo)
+
+            name = task.name
+            record_id = record.get("id")
+            if record_id not in (None, ""):
+                record_id = str(record_id)
+            else:  # sha256 of the canonical JSON {audios, images, messages, task, videos}, relative paths
+                rel_images, rel_videos, rel_audios = derived.relative_json
+                canonical = (
+                    '{"audios": ' + rel_audios + ', "images": ' + rel_images + ', "messages": '
+                    + messages_json + ', "task": ' + task_json[name] + ', "videos": ' + rel_videos + "}"
+                )  # fmt: skip
+                record_id = sha256(canonical.encode()).hexdigest()[:16]
+            tail = derived.tails.get(name)
+            if tail is None:
+                tail = derived.tails[name] = (
+                    ', "task": ' + task_json[name] + ', "videos": ' + derived.videos_json + "}"
+                )
+            return new_record(
+                record_id,
+                name,
+                derived.modality,
+                derived.bucket,
+                source,
+                line,
+                derived.payload_head + json_str(record_id) + derived.payload_middle + messages_json + tail,
+                derived.media,
+                sha256(messages_json.encode()).hexdigest(),
+                derived.image_tokens,
+                derived.video_seconds,
+                derived.audio_seconds,
+            ), derived.modality in task.modalities
+
+        return parse
+
+
+def _media_key(value: object) -> tuple | int:
+    """A media field as the key of the resolved-lists cache: a list or a lone path as a tuple;
+    anything else is 0, which no resolved combination has (the checked path reports it)."""
+    if not value:
+        return ()
+    kind = type(value)
+    if kind is list:
+        return tuple(value)  # type: ignore[arg-type]
+    return (value,) if kind is str else 0
+
+
+# Records are built positionally in the hot loop; PoolRecord is not frozen because a frozen
+# dataclass sets each field through object.__setattr__, half the cost of a record at 100k.
+_new_record = PoolRecord
 
 
 def parse_record(
@@ -205,82 +457,34 @@ def parse_record(
     probe: _MediaProbe,
 ) -> tuple[PoolRecord, bool]:
     """Validate one record; returns it and whether its modality is one its task lists."""
-    if not isinstance(record, dict):
-        raise RecordError("a record must be a JSON object")
-    messages = _messages(record)
-    task_name = record.get(task_field)
-    if not isinstance(task_name, str) or not task_name:
-        raise RecordError(f"missing field '{task_field}' (the task name)")
-    task = taxonomy.resolve(task_name)
-    if task is None:
-        raise RecordError(f"unknown task {task_name!r}; {_suggest(task_name, taxonomy)}")
-
-    media = {kind: _media_paths(record, kind, base) for kind in MEDIA_FIELDS}
-    counts = Counter(m.group(1) for turn in messages for m in PLACEHOLDER.finditer(turn["content"]))
-    for kind, paths in media.items():
-        if counts[kind] != len(paths):
-            raise RecordError(
-                f"{counts[kind]} <{kind}> placeholder(s) in the messages but {len(paths)} "
-                f"path(s) in '{MEDIA_FIELDS[kind]}'"
-            )
-
-    infos = {kind: [probe(kind, path) for path in paths] for kind, paths in media.items()}
-    tokens = sum(image_tokens(i.width, i.height, image_rule) for i in infos["image"])
-    video_s = sum(v.duration_s for v in infos["video"])
-    audio_s = sum(a.duration_s for a in infos["audio"])
-    has_sound = bool(infos["video"]) and all(v.has_audio for v in infos["video"])
-    modality = modality_name(len(media["image"]), len(media["video"]), len(media["audio"]), has_sound)
-    if media["video"]:
-        bucket = bucket_label("video", video_s, buckets.video_seconds)
-    elif media["image"]:
-        bucket = bucket_label("image", tokens, buckets.image_tokens)
-    elif media["audio"]:
-        bucket = bucket_label("audio", audio_s, buckets.audio_seconds)
-    else:
-        bucket = "text"
-
-    relative = {MEDIA_FIELDS[k]: [str(p.relative_to(base)) for p in v] for k, v in media.items()}
-    canonical = json.dumps(
-        {"messages": messages, "task": task.name, **relative}, sort_keys=True, ensure_ascii=False
-    )
-    record_id = record.get("id")
-    record_id = (
-        str(record_id) if record_id not in (None, "") else hashlib.sha256(canonical.encode()).hexdigest()[:16]
-    )
-    absolute = {MEDIA_FIELDS[k]: [str(p) for p in v] for k, v in media.items()}
-    payload = json.dumps(
-        {"id": record_id, "task": task.name, "messages": messages, **absolute},
-        ensure_ascii=False,
-        sort_keys=True,
-    )
-    text_key = hashlib.sha256(json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
-    pool_record = PoolRecord(
-        record_id=record_id,
-        task=task.name,
-        modality=modality,
-        bucket=bucket,
+    parser = _RecordParser(
+        base=base,
         source=source,
-        line=line,
-        payload=payload,
-        media=tuple(str(p) for kind in MEDIA_FIELDS for p in media[kind]),
-        text_key=text_key,
-        image_tokens=tokens,
-        video_seconds=round(video_s, 3),
-        audio_seconds=round(audio_s, 3),
+        taxonomy=taxonomy,
+        buckets=buckets,
+        image_rule=image_rule,
+        task_field=task_field,
+        probe=probe,
     )
-    return pool_record, modality in task.modalities
+    return parser.parse(record, line)
 
 
 def _iter_jsonl(
     path: Path, on_bytes: Callable[[int], None] | None
 ) -> Iterator[tuple[int, object | RecordError]]:
+    decode = _decode_json
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
             if on_bytes is not None:
                 on_bytes(len(raw))
-            if not raw.strip():
-                continue
             try:
+                if raw[0] == 0x7B and (len(raw) < 2 or raw[1]):
+                    # '{' then a non-zero byte: what json.loads(bytes) detects as UTF-8 and decodes
+                    # so; doing it here skips its per-line encoding detection.
+                    yield number, decode(raw.decode("utf-8", "surrogatepass"))
+                    continue
+                if not raw.strip():
+                    continue
                 yield number, json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError) as err:
                 yield number, RecordError(f"malformed JSON: {err}")
@@ -331,30 +535,58 @@ def read_pool(
     The first invalid record raises InputError naming file and line, unless ``skip_invalid``.
     """
     files = pool_files(paths)
+    with gc_paused():
+        return _read_pool(files, taxonomy, image_rule, task_field, skip_invalid, on_bytes)
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while records pile up: they form no cycles (the parsed JSON
+    is freed by reference counting), and collections that walk 100k live records cost more than a
+    quarter of the parsing."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _read_pool(
+    files: list[Path],
+    taxonomy: Taxonomy,
+    image_rule: ImageRule | None,
+    task_field: str,
+    skip_invalid: bool,
+    on_bytes: Callable[[int], None] | None,
+) -> PoolReadResult:
     probe = _MediaProbe()
     rule = image_rule or taxonomy.buckets.image_rule
     result = PoolReadResult(records=[])
     for path in files:
-        result.inputs[str(path)] = sha256_file(path) if path.is_file() else _folder_hash(path)
+        # The file's hash is computed beside the parsing: hashlib and file reads release the GIL.
+        digest = _in_background(sha256_file if path.is_file() else _folder_hash, path)
+        result.inputs[str(path)] = ""  # keeps the files' order
         base = path.parent if path.is_file() else path
         rows = (
             _iter_jsonl(path, on_bytes) if path.suffix.lower() in (".jsonl", ".json") else _iter_table(path)
         )
+        parse = _RecordParser(
+            base=base,
+            source=str(path),
+            taxonomy=taxonomy,
+            buckets=taxonomy.buckets,
+            image_rule=rule,
+            task_field=task_field,
+            probe=probe,
+        ).parse
+        records = result.records
         for number, row in rows:
             try:
                 if isinstance(row, RecordError):
                     raise row
-                record, expected = parse_record(
-                    row,
-                    base=base,
-                    source=str(path),
-                    line=number,
-                    taxonomy=taxonomy,
-                    buckets=taxonomy.buckets,
-                    image_rule=rule,
-                    task_field=task_field,
-                    probe=probe,
-                )
+                record, expected = parse(row, number)
             except RecordError as err:
                 if not skip_invalid:
                     raise InputError(
@@ -367,11 +599,35 @@ def read_pool(
                 continue
             if not expected:
                 result.modality_mismatches[f"{record.task}|{record.modality}"] += 1
-            result.records.append(record)
+            records.append(record)
+        result.inputs[str(path)] = digest()
     if not result.records:
         raise InputError("the pool has no valid records", path=files[0] if len(files) == 1 else None)
     result.records, result.duplicates = drop_duplicates(result.records)
     return result
+
+
+def _in_background(function: Callable[[Path], str], path: Path) -> Callable[[], str]:
+    """Start ``function(path)`` in a thread; the returned callable waits for its value (or raises
+    its error). Daemonic, so an error in the caller never waits for it."""
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = function(path)
+        except BaseException as err:  # handed to the caller
+            box["error"] = err
+
+    thread = threading.Thread(target=run, name="quantkit-pool-hash", daemon=True)
+    thread.start()
+
+    def value() -> str:
+        thread.join()
+        if "error" in box:
+            raise box["error"]  # type: ignore[misc]
+        return box["value"]  # type: ignore[return-value]
+
+    return value
 
 
 def _folder_hash(folder: Path) -> str:
@@ -388,16 +644,19 @@ def drop_duplicates(records: list[PoolRecord]) -> tuple[list[PoolRecord], int]:
     Exact without hashing every file: a file whose size no other file has cannot equal another
     file, so only files that share a size are read and hashed.
     """
-    real = {path: os.path.realpath(path) for record in records for path in record.media}
+    combos = {record.media for record in records}  # records share a few media tuples
+    real = {path: os.path.realpath(path) for media in combos for path in media}
     sizes = {p: os.path.getsize(p) for p in set(real.values())}
     size_counts = Counter(sizes.values())
-    identity: dict[str, str] = {}
-    for path in set(real.values()):
-        size = sizes[path]
-        identity[path] = sha256_file(Path(path)) if size_counts[size] > 1 else f"size:{size}"
+    identity = {path: f"size:{size}" for path, size in sizes.items() if size_counts[size] == 1}
+    shared = [path for path, size in sizes.items() if size_counts[size] > 1]
+    if shared:  # two threads: hashlib and file reads release the GIL
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            identity.update(zip(shared, pool.map(sha256_file, map(Path, shared)), strict=True))
+    media_key = {media: tuple(identity[real[p]] for p in media) for media in combos}
     kept, seen, dropped = [], set(), 0
     for record in records:
-        key = (record.text_key, tuple(identity[real[p]] for p in record.media))
+        key = (record.text_key, media_key[record.media])
         if key in seen:
             dropped += 1
             continue

@@ -1,0 +1,146 @@
+"""What the benchmark scripts share: child processes, peak RSS, fixtures (a tiny zoo model and
+calibration samples drawn from the demo pool). Bench-only: the package never imports this."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))  # after PYTHONPATH: a child measuring another checkout imports that one
+MODEL = "tiny-qwen3-vl"  # image + video + text, sequential pipeline; GPTQ group 128 divides its layers
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS in MB. VmHWM (Linux) belongs to the process's own memory map;
+    ru_maxrss also carries the parent's peak across fork + exec, so it is only the fallback."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def child_env(code: Path = ROOT) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "PYTHONPATH": str(code),
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "TRANSFORMERS_VERBOSITY": "error",
+            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+            "LLM_COMPRESSOR_LOG_LEVEL": "WARNING",
+            "TQDM_DISABLE": "1",
+        }
+    )
+    return env
+
+
+def run_child(script: Path, *args: str, code: Path = ROOT, timeout: float | None = None) -> dict:
+    """Run ``script --child ARGS`` in a fresh interpreter; its last stdout line is a JSON object.
+    Adds ``process_wall_s``: interpreter start to exit, as the parent saw it."""
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, str(script), "--child", *args],
+        capture_output=True,
+        text=True,
+        env=child_env(code),
+        timeout=timeout,
+        check=False,
+    )
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"{Path(script).name} --child {args[0]} failed:\n{proc.stderr[-4000:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["process_wall_s"] = wall
+    return result
+
+
+def median(values) -> float:
+    return statistics.median(list(values))
+
+
+def build_model(workdir: Path, name: str = MODEL) -> Path:
+    from quantkit.zoo.models import build_zoo_model
+
+    folder = workdir / "models" / name
+    if not (folder / "config.json").is_file():
+        build_zoo_model(name, folder, seed=0, force=True)
+    return folder
+
+
+def build_samples(workdir: Path, model_dir: Path, count: int, *, max_seq_len: int = 1024) -> Path:
+    """``count`` calibration samples the model takes, drawn (stratified) from a calibration set of
+    the demo pool; written as JSON (messages, media paths, stratum labels) for child processes."""
+    from quantkit.calibset import CalibrateOptions, build_calibration_set
+    from quantkit.models.adapters import adapter_for
+    from quantkit.models.inputs import processor_capabilities
+    from quantkit.quantize.calibration_set import samples_from_set
+    from quantkit.zoo.demo_pool import write_demo_pool
+
+    path = workdir / f"samples-{count}.json"
+    if path.is_file():
+        return path
+    pool = workdir / "pool"
+    if not (pool / "pool.jsonl").is_file():
+        write_demo_pool(pool, per_task=4, seed=0, force=True)
+    calib = workdir / "calib"
+    if not (calib / "report.json").is_file():
+        options = CalibrateOptions(size=48, model=model_dir, max_seq_len=max_seq_len, force=True)
+        build_calibration_set([pool / "pool.jsonl"], calib, options)
+    kinds = processor_capabilities(adapter_for(model_dir).load_processor(model_dir))
+    drawn = samples_from_set(calib, model_kinds=kinds, num_samples=count)
+    rows = [
+        {
+            "messages": sample.messages,
+            "images": [str(p) for p in sample.images],
+            "videos": [str(p) for p in sample.videos],
+            "audios": [str(p) for p in sample.audios],
+            "label": label,
+        }
+        for sample, label in zip(drawn.samples, drawn.labels, strict=True)
+    ]
+    path.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def load_samples(path: Path):
+    """(samples, labels) from :func:`build_samples`' JSON."""
+    from quantkit.models.inputs import Sample
+
+    rows = json.loads(Path(path).read_text(encoding="utf-8"))
+    samples = [
+        Sample(
+            messages=row["messages"],
+            images=[Path(p) for p in row["images"]],
+            videos=[Path(p) for p in row["videos"]],
+            audios=[Path(p) for p in row["audios"]],
+        )
+        for row in rows
+    ]
+    return samples, [row["label"] for row in rows]
+
+
+def modality_mix(path: Path) -> dict[str, int]:
+    from collections import Counter
+
+    rows = json.loads(Path(path).read_text(encoding="utf-8"))
+    kinds = Counter(
+        "+".join(k for k, key in (("image", "images"), ("video", "videos"), ("audio", "audios")) if row[key])
+        or "text"
+        for row in rows
+    )
+    return dict(sorted(kinds.items()))

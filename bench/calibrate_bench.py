@@ -1,0 +1,306 @@
+"""Benchmark `quantkit calibrate` on a big pool (issue 3).
+
+Builds a pool of N records (default 100,000) in the pool format, all referencing one shared set of
+real media files (the demo pool's ~230 images, videos and audio clips), with varied text, task
+names (aliases included), modality combinations, text-only records, records without an id and
+some exact duplicates. Then, alternately and each in a fresh subprocess:
+
+  (a) read + JSON-parse the pool (`for line in f: json.loads(line)`): the floor any reader pays;
+  (b) `build_calibration_set(pool, out, CalibrateOptions(size=...))`: wall time of the call, the
+      child's peak RSS (VmHWM), and whether torch / transformers got imported.
+
+Prints the medians, the ratio b/a and whether the goals hold (ratio <= 3, peak RSS < 1 GB).
+
+    .venv/bin/python bench/calibrate_bench.py [--records 100000] [--size 5000] [--repeats 3] [--json OUT]
+
+Standalone: nothing in the package imports this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _shared import ROOT, peak_rss_mb  # noqa: E402
+
+GOAL_RATIO = 3.0
+GOAL_RSS_MB = 1000.0
+
+# Words to vary the text of reused templates (every record gets different messages).
+WORD_TEXT = (
+    "red blue green silver black white compact large foldable wireless leather cotton steel glass "
+    "bamboo ceramic portable waterproof premium classic vintage smart quiet bright soft warm"
+)
+WORDS = WORD_TEXT.split()
+PRODUCT_TEXT = "kettle scarf lamp blender teapot backpack watch speaker jacket mug sneaker phone case"
+PRODUCTS = PRODUCT_TEXT.split()
+
+
+def _alias_table() -> dict[str, list[str]]:
+    import yaml
+
+    data = yaml.safe_load((ROOT / "calibration" / "taxonomy.yaml").read_text(encoding="utf-8"))
+    return {task["name"]: [task["name"], *task.get("aliases", [])] for task in data["tasks"]}
+
+
+def _vary(text: str, rng: random.Random) -> str:
+    extra = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 9)))
+    return f"{text} ({extra} {rng.choice(PRODUCTS)} #{rng.randint(0, 10**6)})"
+
+
+def make_pool(folder: Path, records: int, *, per_task: int = 12, seed: int = 0) -> dict:
+    """Write ``folder/pool.jsonl`` (``records`` lines) over the demo pool's media in ``folder/media``."""
+    sys.path.insert(0, str(ROOT))
+    from quantkit.zoo.demo_pool import write_demo_pool
+
+    demo = write_demo_pool(folder / "demo", per_task=per_task, seed=seed)
+    templates = [json.loads(line) for line in demo.jsonl.read_text(encoding="utf-8").splitlines() if line]
+    for template in templates:  # media paths relative to the big pool's folder
+        for key in ("images", "videos", "audios"):
+            template[key] = [f"demo/{p}" for p in template.get(key) or []]
+    aliases = _alias_table()
+    text_tasks = [t for t in templates if not (t["images"] or t["videos"] or t["audios"])]
+    rng = random.Random(seed)
+    written: list[str] = []
+    counts = {"records": 0, "text_only": 0, "duplicates": 0, "without_id": 0, "sharegpt": 0}
+    pool = folder / "pool.jsonl"
+    with open(pool, "w", encoding="utf-8") as handle:
+        for index in range(records):
+            if written and rng.random() < 0.02:  # an exact duplicate of an earlier record
+                line = rng.choice(written)
+                counts["duplicates"] += 1
+            else:
+                template = rng.choice(text_tasks) if rng.random() < 0.1 else rng.choice(templates)
+                messages = [dict(turn) for turn in template["messages"]]
+                messages[-1]["content"] = _vary(messages[-1]["content"], rng)
+                if rng.random() < 0.3:
+                    messages[0]["content"] = _vary(messages[0]["content"], rng)
+                record: dict = {
+                    "task": rng.choice(aliases[template["task"]]),
+                    "images": template["images"],
+                    "videos": template["videos"],
+                    "audios": template["audios"],
+                }
+                if rng.random() < 0.8:
+                    record["id"] = f"rec-{index:07d}"
+                else:
+                    counts["without_id"] += 1
+                if rng.random() < 0.1:  # LLaMA-Factory's ShareGPT spelling
+                    back = {"user": "human", "assistant": "gpt", "system": "system"}
+                    record["conversations"] = [
+                        {"from": back[t["role"]], "value": t["content"]} for t in messages
+                    ]
+                    counts["sharegpt"] += 1
+                else:
+                    record["messages"] = messages
+                counts["text_only"] += not (template["images"] or template["videos"] or template["audios"])
+                line = json.dumps(record, ensure_ascii=False)
+                if len(written) < 5000:
+                    written.append(line)
+                elif rng.random() < 0.05:
+                    written[rng.randrange(len(written))] = line
+            handle.write(line + "\n")
+            counts["records"] += 1
+    media = [p for p in (folder / "demo" / "media").rglob("*") if p.is_file()]
+    counts.update(
+        {
+            "media_files": len(media),
+            "media_mb": round(sum(p.stat().st_size for p in media) / 2**20, 1),
+            "pool_mb": round(pool.stat().st_size / 2**20, 1),
+        }
+    )
+    return counts
+
+
+# --- the measured children ------------------------------------------------------------------
+
+
+def child_parse(pool: str) -> dict:
+    started = time.perf_counter()
+    n = 0
+    with open(pool, "rb") as handle:
+        for line in handle:
+            json.loads(line)
+            n += 1
+    return {"wall_s": time.perf_counter() - started, "lines": n}
+
+
+def child_build(pool: str, output: str, size: int) -> dict:
+    import_started = time.perf_counter()
+    from quantkit.calibset import CalibrateOptions, build_calibration_set
+
+    import_s = time.perf_counter() - import_started
+    probe_s = _time_media_probes()
+    marks: list[tuple[str, float]] = []
+    rss_before = peak_rss_mb()
+    started = time.perf_counter()
+    result = build_calibration_set(
+        [Path(pool)],
+        Path(output),
+        CalibrateOptions(size=size, force=True),
+        on_phase=lambda phase: marks.append((phase, time.perf_counter())),
+    )
+    wall = time.perf_counter() - started
+    ends = [t for _, t in marks[1:]] + [started + wall]
+    return {
+        "wall_s": wall,
+        "phases_s": {"taxonomy and setup": (marks[0][1] if marks else started + wall) - started}
+        | {phase: end - t for (phase, t), end in zip(marks, ends, strict=True)},
+        "media_probes_s": probe_s[0],
+        "import_s": import_s,
+        "peak_rss_mb": peak_rss_mb(),
+        "rss_after_imports_mb": rss_before,
+        "size": result.report["size"],
+        "pool_records": result.report["pool_records"],
+        "duplicates_dropped": result.report["duplicates_dropped"],
+        "strata": result.report["coverage"]["strata_in_pool"],
+        "heavy_imports": sorted(
+            m for m in ("torch", "transformers", "datasets", "llmcompressor") if m in sys.modules
+        ),
+    }
+
+
+def _time_media_probes() -> list[float]:
+    """Accumulate the time spent probing media headers (once per file) in the returned cell."""
+    spent = [0.0]
+    from quantkit.pool import reader
+
+    probe = getattr(reader, "_MediaProbe", None)
+    if probe is None:
+        return spent
+    original = probe.__call__
+
+    def call(self, kind, path):
+        started = time.perf_counter()
+        try:
+            return original(self, kind, path)
+        finally:
+            spent[0] += time.perf_counter() - started
+
+    probe.__call__ = call
+    return spent
+
+
+def _run_child(*args: str, code: Path = ROOT) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(code), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", *args], capture_output=True, text=True, env=env, check=False
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"child {args[0]} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run(
+    records: int,
+    size: int,
+    repeats: int,
+    *,
+    workdir: Path | None = None,
+    code: Path = ROOT,
+    per_task: int = 12,
+) -> dict:
+    with tempfile.TemporaryDirectory(prefix="qk-calib-bench-", dir=workdir) as tmp:
+        folder = Path(tmp)
+        started = time.perf_counter()
+        pool_info = make_pool(folder, records, per_task=per_task)
+        make_s = time.perf_counter() - started
+        pool = str(folder / "pool.jsonl")
+        parses, builds = [], []
+        for _ in range(repeats):  # alternate: a b a b ...
+            parses.append(_run_child("parse", pool))
+            builds.append(_run_child("build", pool, str(folder / "set"), str(size), code=code))
+        parse_s = statistics.median(p["wall_s"] for p in parses)
+        build_s = statistics.median(b["wall_s"] for b in builds)
+        peak = max(b["peak_rss_mb"] for b in builds)
+        last = builds[-1]
+        return {
+            "records": records,
+            "size": size,
+            "repeats": repeats,
+            "pool": pool_info,
+            "make_pool_s": round(make_s, 1),
+            "parse_s": round(parse_s, 3),
+            "build_s": round(build_s, 3),
+            "ratio": round(build_s / parse_s, 2),
+            "parse_runs_s": [round(p["wall_s"], 3) for p in parses],
+            "build_runs_s": [round(b["wall_s"], 3) for b in builds],
+            "build_import_s": round(statistics.median(b["import_s"] for b in builds), 3),
+            "build_phases_s": {
+                phase: round(statistics.median(b["phases_s"].get(phase, 0.0) for b in builds), 3)
+                for phase in builds[0]["phases_s"]
+            },
+            "media_probes_s": round(statistics.median(b["media_probes_s"] for b in builds), 3),
+            "peak_rss_mb": round(peak, 1),
+            "rss_after_imports_mb": round(last["rss_after_imports_mb"], 1),
+            "selected": last["size"],
+            "pool_records_usable": last["pool_records"],
+            "duplicates_dropped": last["duplicates_dropped"],
+            "strata": last["strata"],
+            "heavy_imports": last["heavy_imports"],
+            "goal_ratio_met": build_s / parse_s <= GOAL_RATIO,
+            "goal_rss_met": peak < GOAL_RSS_MB,
+        }
+
+
+def report(result: dict) -> str:
+    pool = result["pool"]
+    ok = {True: "met", False: "NOT met"}
+    lines = [
+        f"pool: {result['records']:,} records ({pool['pool_mb']} MB JSONL; {pool['text_only']:,} text-only, "
+        f"{pool['duplicates']:,} exact duplicates, {pool['without_id']:,} without id, {pool['sharegpt']:,} ShareGPT) "
+        f"over {pool['media_files']} real media files ({pool['media_mb']} MB)",
+        f"(a) read + json.loads every line: median {result['parse_s']:.3f} s  runs {result['parse_runs_s']}",
+        f"(b) build_calibration_set(size={result['size']}): median {result['build_s']:.3f} s  "
+        f"runs {result['build_runs_s']}  (+{result['build_import_s']:.2f} s imports, not counted)",
+        "    phases: "
+        + ", ".join(f"{phase} {seconds:.2f} s" for phase, seconds in result["build_phases_s"].items())
+        + f"; media header probes (once per file, inside reading) {result['media_probes_s']:.2f} s",
+        f"    selected {result['selected']:,} of {result['pool_records_usable']:,} usable records, "
+        f"{result['duplicates_dropped']:,} duplicates dropped, {result['strata']} strata",
+        f"calibrate wall: {result['build_s']:.2f} s",
+        f"peak RSS: {result['peak_rss_mb']:.0f} MB (after imports: {result['rss_after_imports_mb']:.0f} MB)",
+        f"ratio b/a: {result['ratio']:.2f}",
+        f"heavy imports during calibrate: {', '.join(result['heavy_imports']) or 'none'}",
+        f"goal ratio <= {GOAL_RATIO:g}: {ok[result['goal_ratio_met']]}; "
+        f"goal peak RSS < {GOAL_RSS_MB:g} MB: {ok[result['goal_rss_met']]}",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--child":
+        kind, *rest = argv[1:]
+        out = child_parse(*rest) if kind == "parse" else child_build(rest[0], rest[1], int(rest[2]))
+        print(json.dumps(out))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--size", type=int, default=5000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--per-task", type=int, default=12, help="demo-pool records per task: the media set")
+    parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
+    parser.add_argument(
+        "--code", type=Path, default=ROOT, help="the quantkit checkout to measure (default: this one)"
+    )
+    args = parser.parse_args(argv)
+    result = run(args.records, args.size, args.repeats, code=args.code.resolve(), per_task=args.per_task)
+    print(report(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
