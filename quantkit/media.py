@@ -6,6 +6,7 @@ decoders sample only the frames the processor will use.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,7 +103,25 @@ def probe_video(path: Path) -> VideoInfo:
     return info
 
 
+def _probe_wav(path: Path) -> AudioInfo | None:
+    """PCM WAV headers with the standard library (~30x cheaper than opening a container);
+    None for WAVs it cannot read (compressed formats), which PyAV then handles."""
+    import wave
+
+    try:
+        with wave.open(str(path), "rb") as handle:
+            rate, frames = handle.getframerate(), handle.getnframes()
+            data_bytes = frames * handle.getnchannels() * handle.getsampwidth()
+    except (wave.Error, EOFError):
+        return None
+    if os.path.getsize(path) < data_bytes:
+        raise MediaError("truncated WAV: the header promises more samples than the file holds")
+    return AudioInfo(frames / rate, rate) if rate > 0 and frames > 0 else None
+
+
 def probe_audio(path: Path) -> AudioInfo:
+    if path.suffix.lower() == ".wav" and (info := _probe_wav(path)) is not None:
+        return info
     import av
 
     try:

@@ -308,6 +308,10 @@ BAD_RECORDS = [
         "unreadable audio",
     ),
     (
+        '{"task": "asr", "messages": [{"role": "user", "content": "<audio>hi"}], "audios": ["media/cut.wav"]}',
+        "truncated WAV",
+    ),
+    (
         '{"task": "temporal_grounding", "messages": [{"role": "user", "content": "<video>hi"}], "videos": ["media/garbage.mp4"]}',
         "unreadable video",
     ),
@@ -328,6 +332,9 @@ def bad_pool_dir(tmp_path) -> Path:
     (root / "media" / "truncated.png").write_bytes(good[: len(good) // 2])
     (root / "media" / "bad.txt").write_text("not an image")
     (root / "media" / "garbage.wav").write_bytes(b"RIFF\x00\x00garbage" * 10)
+    write_wav(root / "media" / "whole.wav", np.zeros(16000))
+    whole = (root / "media" / "whole.wav").read_bytes()
+    (root / "media" / "cut.wav").write_bytes(whole[: len(whole) // 2])
     (root / "media" / "garbage.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + b"\x01" * 200)
     Image.new("RGB", (8, 8)).save(tmp_path / "outside.png")
     return root
