@@ -54,10 +54,10 @@ def test_adapter_for_reads_config_architecture(zoo_model, name):
 
 
 def test_unknown_architecture_says_what_to_do(tmp_path: Path):
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["MistralForCausalLM"]}))
     with pytest.raises(InputError) as err:
         adapter_for(tmp_path)
-    assert "LlamaForCausalLM" in err.value.message and err.value.path == tmp_path / "config.json"
+    assert "MistralForCausalLM" in err.value.message and err.value.path == tmp_path / "config.json"
     assert "--adapter" in err.value.hint and "Qwen3VLForConditionalGeneration" in err.value.hint
 
 

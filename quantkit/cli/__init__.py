@@ -7,6 +7,7 @@ import os
 import typer
 
 from quantkit.cli import build, calibrate, quantize, verify, zoo
+from quantkit.cli import eval as eval_cmd
 from quantkit.cli._common import QuantkitGroup
 
 app = typer.Typer(
@@ -28,6 +29,7 @@ app.command("quantize")(quantize.quantize)
 app.command("recipes")(quantize.recipes)
 app.command("verify")(verify.verify)
 app.command("targets")(build.targets)
+app.command("eval")(eval_cmd.eval_command)
 app.command("build")(build.build)
 
 

@@ -24,7 +24,7 @@ def calibrate(
     output: OutputDir,
     size: Annotated[int, typer.Option(help="Samples in the set.")] = 5000,
     taxonomy: Annotated[
-        Path | None, typer.Option(help="Task taxonomy YAML [default: calibration/taxonomy.yaml].")
+        Path | None, typer.Option(help="Task taxonomy YAML (default: calibration/taxonomy.yaml).")
     ] = None,
     seed: Seed = 0,
     model: Annotated[

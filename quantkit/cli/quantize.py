@@ -75,7 +75,7 @@ def quantize(
     ] = False,
     cache_dir: Annotated[
         Path | None,
-        typer.Option(help="Processed-feature cache [default: $QUANTKIT_CACHE or ~/.cache/quantkit]."),
+        typer.Option(help="Processed-feature cache (default: $QUANTKIT_CACHE/features or ~/.cache/quantkit/features)."),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the --num-samples subsample.")] = 0,
     dry_run: Annotated[

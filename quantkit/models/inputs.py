@@ -36,6 +36,11 @@ def chat_messages(messages: list[dict]) -> list[dict]:
     converted = []
     for message in messages:
         role = ROLE_ALIASES[message["role"]]
+        if not PLACEHOLDER.search(message["content"]):
+            # Plain text stays a string: text-only chat templates (SmolLM2, Llama) concatenate
+            # message['content'] and break on a list of parts; multimodal templates take both.
+            converted.append({"role": role, "content": message["content"]})
+            continue
         parts: list[dict] = []
         cursor = 0
         text = message["content"]
