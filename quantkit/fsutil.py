@@ -54,3 +54,12 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def cache_root(kind: str) -> Path:
+    """quantkit's cache folder for ``kind`` (features, models, eval): ``$QUANTKIT_CACHE/kind``, else
+    ``$XDG_CACHE_HOME/quantkit/kind``, else ``~/.cache/quantkit/kind``."""
+    base = os.environ.get("QUANTKIT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "quantkit"
+    )
+    return Path(base) / kind

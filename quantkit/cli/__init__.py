@@ -6,7 +6,7 @@ import os
 
 import typer
 
-from quantkit.cli import build, calibrate, quantize, verify, zoo
+from quantkit.cli import build, calibrate, quantize, sensitivity, verify, zoo
 from quantkit.cli import eval as eval_cmd
 from quantkit.cli._common import QuantkitGroup
 
@@ -27,6 +27,7 @@ app.command("demo-pool")(zoo.demo_pool)
 app.command("calibrate")(calibrate.calibrate)
 app.command("quantize")(quantize.quantize)
 app.command("recipes")(quantize.recipes)
+app.command("sensitivity")(sensitivity.sensitivity)
 app.command("verify")(verify.verify)
 app.command("targets")(build.targets)
 app.command("eval")(eval_cmd.eval_command)

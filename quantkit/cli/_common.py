@@ -42,3 +42,18 @@ class QuantkitGroup(TyperGroup):
 Force = Annotated[bool, typer.Option("--force", help="Replace the output if it exists.")]
 Seed = Annotated[int, typer.Option("--seed", help="Random seed; the same seed gives byte-identical output.")]
 OutputDir = Annotated[Path, typer.Option("--output", "-o", help="Folder to write (atomically).")]
+AdapterFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--adapter",
+        help="Adapter YAML for an architecture quantkit has none for (recipes/adapters/README.md).",
+    ),
+]
+FeatureCache = Annotated[
+    Path | None,
+    typer.Option(
+        "--cache-dir",
+        help="Processed-feature cache (default: $QUANTKIT_CACHE/features or ~/.cache/quantkit/features).",
+    ),
+]
+SubsampleSeed = Annotated[int, typer.Option("--seed", help="Seed of the --num-samples subsample.")]

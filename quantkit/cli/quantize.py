@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -11,18 +12,28 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from quantkit.cli._common import Force, OutputDir, console
+from quantkit.cli._common import AdapterFile, FeatureCache, Force, OutputDir, SubsampleSeed, console
 
 
 class KvCache(StrEnum):
     fp8 = "fp8"
 
 
+class CalibrationDtype(StrEnum):
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+class Offload(StrEnum):
+    cpu = "cpu"
+    disk = "disk"
+
+
 def default_cache_dir() -> Path:
-    base = os.environ.get("QUANTKIT_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "quantkit"
-    )
-    return Path(base) / "features"
+    from quantkit.fsutil import cache_root
+
+    return cache_root("features")
 
 
 def recipes() -> None:
@@ -61,23 +72,67 @@ def quantize(
         int | None, typer.Option(help="Truncate text-only samples / drop longer media samples.")
     ] = None,
     kv_cache: Annotated[KvCache | None, typer.Option(help="Also quantize the KV cache (fp8).")] = None,
-    adapter: Annotated[
-        Path | None,
+    avg_bits: Annotated[
+        float | None,
         typer.Option(
-            help="Adapter YAML for an architecture quantkit has none for (recipes/adapters/README.md)."
+            help="W4A16 recipes: keep the most sensitive layers at 8 bits (W8A16) while the average "
+            "weight bits stay at or under this (e.g. 4.5). Ranked by --sensitivity, or measured on "
+            "8 calibration samples first (a second-order estimate, seconds on small models).",
+            min=4.0,
+            max=8.0,
         ),
     ] = None,
+    sensitivity: Annotated[
+        Path | None,
+        typer.Option(help="Ranking from `quantkit sensitivity -o FILE` for --avg-bits (skips measuring)."),
+    ] = None,
+    group_size: Annotated[
+        int | None,
+        typer.Option(
+            help="W4A16 recipes: weights per scale (default: the recipe's, else the largest of 128, 64, "
+            "32 dividing every layer; layers it does not divide stay at 8 bits)."
+        ),
+    ] = None,
+    adapter: AdapterFile = None,
     trust_remote_code: Annotated[
         bool,
         typer.Option(
             "--trust-remote-code", help="Allow the model folder's own Python code (off by default)."
         ),
     ] = False,
-    cache_dir: Annotated[
-        Path | None,
-        typer.Option(help="Processed-feature cache (default: $QUANTKIT_CACHE/features or ~/.cache/quantkit/features)."),
+    cache_dir: FeatureCache = None,
+    seed: SubsampleSeed = 0,
+    nproc: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Calibrate data-parallel on this many ranks (relaunches under torch.distributed.run; one "
+            "GPU per rank, or CPU processes with gloo). Each rank takes a stratified shard of the samples; "
+            "GPTQ statistics are summed across ranks; rank 0 writes.",
+        ),
+    ] = 1,
+    offload: Annotated[
+        Offload | None,
+        typer.Option(
+            help="Load the model through compressed-tensors offloading for models larger than device "
+            "memory: cpu (weights in host memory, shared by all ranks) or disk (what does not fit in host "
+            "memory goes to files beside --output).",
+        ),
     ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the --num-samples subsample.")] = 0,
+    max_cpu_memory: Annotated[
+        float | None,
+        typer.Option(
+            help="With --offload disk: GiB of host memory for weights (default: what is free, less 5 GB).",
+            min=0.0,
+        ),
+    ] = None,
+    calibration_dtype: Annotated[
+        CalibrationDtype,
+        typer.Option(
+            help="Dtype the model is calibrated in. auto: bfloat16 with a CUDA GPU (half the memory), "
+            "float32 on CPUs (4x faster matmuls there). Weights are saved in the model's own dtype either way.",
+        ),
+    ] = CalibrationDtype.auto,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan without loading weights.")
     ] = False,
@@ -102,14 +157,27 @@ def quantize(
       quantkit quantize models/omni --recipe fp8-dynamic --output out/omni-fp8 --dry-run
     """
     from quantkit.errors import InputError
+    from quantkit.fsutil import check_output_free
     from quantkit.models.adapters import adapter_for
     from quantkit.models.inputs import processor_capabilities
     from quantkit.quantize import plan as make_plan
     from quantkit.quantize import quantize as run_quantize
     from quantkit.quantize.calibration_set import samples_from_set
+    from quantkit.quantize.distributed import launched_by_torchrun, relaunch_command
+    from quantkit.quantize.run import with_options
     from quantkit.recipes import resolve_recipe
 
     chosen = resolve_recipe(recipe, kv_cache_fp8=True if kv_cache is KvCache.fp8 else None)
+    chosen = with_options(chosen, group_size=group_size)
+    if sensitivity is not None and avg_bits is None:
+        raise InputError("--sensitivity ranks layers for --avg-bits: pass --avg-bits too (e.g. 4.5)")
+    if max_cpu_memory is not None and offload is not Offload.disk:
+        raise InputError("--max-cpu-memory applies to --offload disk")
+    if nproc > 1 and not chosen.needs_data:
+        raise InputError(
+            f"--nproc splits calibration samples across ranks; recipe {chosen.name!r} uses none",
+            hint="drop --nproc (data-free recipes take seconds on one process)",
+        )
     resolved_adapter = adapter_for(model, adapter)
     if trust_remote_code:
         resolved_adapter = resolved_adapter.model_copy(update={"trust_remote_code": True})
@@ -124,10 +192,51 @@ def quantize(
         drawn = samples_from_set(calib, model_kinds=kinds, num_samples=num_samples, seed=seed)
     samples = drawn.samples if drawn else []
     labels = drawn.labels if drawn else None
+    if nproc > 1 and not launched_by_torchrun() and not dry_run:
+        if len(samples) < nproc:
+            raise InputError(
+                f"{len(samples)} calibration sample(s) for --nproc {nproc}: every rank needs one"
+            )
+        check_output_free(output, force)  # before starting ranks that would each say so
+        argv = _relaunch_argv(
+            model=model,
+            recipe=recipe,
+            output=output,
+            calib=calib,
+            num_samples=num_samples,
+            max_seq_len=max_seq_len,
+            kv_cache=kv_cache,
+            avg_bits=avg_bits,
+            sensitivity=sensitivity,
+            group_size=group_size,
+            adapter=adapter,
+            trust_remote_code=trust_remote_code,
+            cache_dir=cache_dir,
+            seed=seed,
+            calibration_dtype=calibration_dtype,
+            offload=offload,
+            max_cpu_memory=max_cpu_memory,
+            allow_known_failure=allow_known_failure,
+            force=force,
+        )
+        console.print(f"starting {nproc} ranks: torch.distributed.run --nproc-per-node={nproc}")
+        console.file.flush()  # before the ranks write to the same stream
+        code = subprocess.call(relaunch_command(nproc, argv))
+        raise typer.Exit(code if code in (0, 1, 2) else 1)
+    main_rank = os.environ.get("RANK", "0") == "0"
 
     if dry_run:
         print_plan(
-            make_plan(model, chosen, samples, sample_labels=labels, adapter=resolved_adapter).to_dict(), drawn
+            make_plan(
+                model,
+                chosen,
+                samples,
+                sample_labels=labels,
+                adapter=resolved_adapter,
+                avg_bits=avg_bits,
+                sensitivity=sensitivity,
+            ).to_dict(),
+            drawn,
         )
         return
     result = run_quantize(
@@ -142,8 +251,38 @@ def quantize(
         allow_known_failure=allow_known_failure,
         cache_dir=cache_dir or default_cache_dir(),
         max_seq_len=max_seq_len,
+        avg_bits=avg_bits,
+        sensitivity=sensitivity,
+        offload=offload.value if offload else None,
+        calibration_dtype=_calibration_dtype(calibration_dtype),
+        max_cpu_memory=int(max_cpu_memory * 2**30) if max_cpu_memory is not None else None,
+        progress=main_rank,
     )
-    print_result(result)
+    if result.wrote:
+        print_result(result)
+
+
+def _calibration_dtype(choice: CalibrationDtype):
+    import torch
+
+    if choice is CalibrationDtype.auto:
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    return getattr(torch, choice.value)
+
+
+def _relaunch_argv(**options) -> list[str]:
+    """The quantize command line every rank runs (rebuilt from the parsed options: the process's
+    own argv is not this command's when called in-process, e.g. from tests)."""
+    argv = ["quantize", str(options.pop("model"))]
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag)
+        else:
+            argv += [flag, str(value.value if isinstance(value, StrEnum) else value)]
+    return argv
 
 
 def _counts_table(counts: dict, title: str) -> Table:
@@ -164,8 +303,31 @@ def print_plan(plan: dict, drawn) -> None:
         console.print(f"samples: {plan['samples']} by modality {json.dumps(plan['samples_by_modality'])}")
         if drawn and drawn.left_out:
             console.print(f"left out (modality the model does not take): {json.dumps(drawn.left_out)}")
+    print_precision(plan.get("precision"))
     if plan["known_failure"]:
         console.print(f"[yellow]known failure:[/] {plan['known_failure']}")
+
+
+def print_precision(precision: dict | None) -> None:
+    """Group size, the layers kept at 8 bits and the average bits (W4A16 recipes)."""
+    if not precision:
+        return
+    group = precision.get("group_size")
+    console.print(
+        f"precision: {precision['low_scheme']} group {group if group else '-'}; "
+        f"{len(precision['high'])} layer(s) at 8 bits ({precision['high_scheme']}); "
+        f"average {precision['avg_bits']:.3f} bits per weight"
+        + (
+            f" (budget {precision['avg_bits_requested']})"
+            if precision.get("avg_bits_requested") is not None
+            else ""
+        )
+    )
+    for unit in precision.get("units") or []:
+        if unit["bits"] == 8:
+            console.print(f"  8 bits: {unit['unit']} ({unit['reason']})")
+    for note in precision.get("notes") or []:
+        console.print(f"  note: {note}")
 
 
 def print_result(result) -> None:
@@ -174,9 +336,11 @@ def print_result(result) -> None:
     if result.samples_used:
         console.print(
             f"calibrated on {result.samples_used} samples ({result.preprocessed} preprocessed, "
-            f"{result.cache_hits} from the feature cache), pipeline {result.pipeline}; "
+            f"{result.cache_hits} from the feature cache), pipeline {result.pipeline}"
+            f"{f' on {result.world_size} ranks' if result.world_size > 1 else ''}; "
             f"tower calls {json.dumps(calls.get('tower_calls', {}))}"
         )
+    print_precision(result.metadata.get("precision"))
     if result.dropped_samples:
         console.print(f"[yellow]{len(result.dropped_samples)} sample(s) dropped[/] (see quantkit.json)")
     console.print(

@@ -30,11 +30,9 @@ RENDERED_HEADER = (
 
 
 def default_cache_dir() -> Path:
-    """``$QUANTKIT_CACHE`` or ``$XDG_CACHE_HOME/quantkit`` or ``~/.cache/quantkit``, then ``eval``."""
-    base = os.environ.get("QUANTKIT_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "quantkit"
-    )
-    return Path(base) / "eval"
+    from quantkit.fsutil import cache_root
+
+    return cache_root("eval")
 
 
 def builtin_templates() -> list[Path]:

@@ -24,6 +24,7 @@ __all__ = [
     "SIDECAR_FILES",
     "checkpoint_format",
     "copy_sidecar_files",
+    "join_compressed_save",
     "library_versions",
     "peak_rss_mb",
     "read_metadata",
@@ -81,6 +82,12 @@ def cover_kept_modules(
     config["quantization_config"]["ignore"] = [*ignore, *added]
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return added
+
+
+def join_compressed_save(model: torch.nn.Module, directory: Path) -> None:
+    """On ranks other than 0 under torchrun: take part in the library's save, whose compression
+    is spread across ranks (a collective); only rank 0's call writes files."""
+    model.save_pretrained(Path(directory), save_compressed=True)
 
 
 def write_checkpoint(

@@ -43,6 +43,51 @@ def _calibration(metadata: dict) -> list[str]:
     return lines
 
 
+def _precision(metadata: dict) -> list[str]:
+    """Group size, the layers kept at 8 bits and why, and the average bits (W4A16 family)."""
+    precision = metadata.get("precision")
+    if not precision:
+        return []
+    low = f"{precision['low_scheme']}"
+    group = precision.get("group_size")
+    lines = [
+        "## Precision",
+        "",
+        f"- 4-bit layers: {low}, group size {group} (the largest of "
+        f"{', '.join(map(str, precision['candidates']))} dividing every targeted layer's in-features)"
+        if group
+        else "- no layer takes a 4-bit group size",
+        f"- 8-bit layers: {len(precision['high'])} Linear layer(s) in {precision['high_scheme']}, "
+        f"{precision['params_high']:,} of {precision['params_total']:,} weights",
+        f"- average: {precision['avg_bits']:.3f} bits per weight ({precision['budget_counts']}); "
+        f"{precision['effective_bits']:.3f} counting scales and zero points",
+    ]
+    if precision.get("avg_bits_requested") is not None:
+        lines.append(
+            f"- budget: --avg-bits {precision['avg_bits_requested']} (met: "
+            f"{'yes' if precision['avg_bits'] <= precision['avg_bits_requested'] + 1e-9 else 'no'}); layers ranked by "
+            "next-token KL when quantized alone"
+            + (
+                " (second-order estimate)"
+                if (precision.get("sensitivity") or {}).get("method") == "fisher"
+                else ""
+            )
+            + ", promoted "
+            + (
+                "by KL per promoted bit"
+                if precision.get("selection") == "density"
+                else "most sensitive first"
+            )
+        )
+    chosen = [u for u in precision["units"] if u["bits"] == 8]
+    if chosen:
+        lines += ["", "| layer (as vLLM fuses it) | weights | why 8 bits |", "|---|---|---|"]
+        lines += [f"| `{u['unit']}` | {u['params']:,} | {u['reason']} |" for u in chosen]
+    for note in precision.get("notes") or []:
+        lines.append(f"- note: {note}")
+    return [*lines, ""]
+
+
 def render_model_card(metadata: dict) -> str:
     recipe = metadata["recipe"]
     scheme = metadata["resolved_scheme"]
@@ -77,6 +122,7 @@ def render_model_card(metadata: dict) -> str:
         "",
         *_kept_reasons(metadata),
         "",
+        *_precision(metadata),
         "## Calibration",
         "",
         *_calibration(metadata),

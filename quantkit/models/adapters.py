@@ -249,19 +249,47 @@ class Adapter(BaseModel):
             inner["quantization_config"] = quantization
         return AutoConfig.for_model(**inner)
 
-    def load_model(self, model_dir: Path, *, dtype: torch.dtype) -> torch.nn.Module:
+    def load_model(
+        self,
+        model_dir: Path,
+        *,
+        dtype: torch.dtype,
+        offload: str | None = None,
+        offload_folder: Path | None = None,
+        max_cpu_memory: int | None = None,
+    ) -> torch.nn.Module:
         """Load real weights in ``dtype`` (float32 for calibration: faster on CPUs, see notes).
 
         A whole Omni model (the serving layout, or an upstream checkpoint with a talker) yields
         its thinker alone: that is what is quantized and what vLLM runs.
+
+        ``offload`` loads through compressed-tensors' offloading (what llmcompressor's
+        pipelines onload layer by layer): "cpu" keeps every weight in host memory, shared by all
+        ranks under torchrun (rank 0 reads, the others map it); "disk" keeps what does not fit
+        in host memory (``max_cpu_memory`` bytes; default: what is free, less 5 GB) as files
+        under ``offload_folder``.
         """
+        import contextlib
+
+        kwargs: dict = {"dtype": dtype}
         if self.is_wrapped(model_dir):
-            key_mapping = {"^" + re.escape(self.serving.prefix): ""}
-            model = self._auto().from_pretrained(
-                model_dir, config=self._inner_config(model_dir), dtype=dtype, key_mapping=key_mapping
+            kwargs.update(
+                config=self._inner_config(model_dir), key_mapping={"^" + re.escape(self.serving.prefix): ""}
             )
-            return model.eval()
-        model = self._auto().from_pretrained(model_dir, dtype=dtype, trust_remote_code=self.trust_remote_code)
+        else:
+            kwargs["trust_remote_code"] = self.trust_remote_code
+        loading = contextlib.nullcontext()
+        if offload is not None:
+            from compressed_tensors.offload import load_offloaded_model
+
+            loading = load_offloaded_model(self._auto())
+            kwargs["device_map"] = "cpu" if offload == "cpu" else "auto_offload"
+            if offload == "disk":
+                kwargs["offload_folder"] = str(offload_folder)
+                if max_cpu_memory is not None:
+                    kwargs["max_memory"] = {"cpu": int(max_cpu_memory)}
+        with loading:
+            model = self._auto().from_pretrained(model_dir, **kwargs)
         return model.eval()
 
     def meta_model(self, model_dir: Path) -> torch.nn.Module:

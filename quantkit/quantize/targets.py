@@ -228,18 +228,18 @@ def check_smoothquant_mappings(model: torch.nn.Module, adapter: Adapter) -> None
                 )
 
 
-def check_group_divisibility(model: torch.nn.Module, names: list[str], group_size: int | None) -> None:
-    """Group-wise schemes (W4A16: 128) need every target's in-features divisible by the group;
-    otherwise llmcompressor fails deep inside oneshot. Say which layers, before any work."""
-    if not group_size:
-        return
+def check_group_divisibility(model: torch.nn.Module, group_sizes: dict[str, int | None]) -> None:
+    """The final guard before oneshot: every layer planned with a group size (name -> group size,
+    None for per-channel layers) has in-features divisible by it; otherwise llmcompressor would
+    fail deep inside oneshot. quantize.mixed plans group sizes so that this holds (a layer no
+    candidate divides stays at 8 bits, per channel): a failure here is a planning bug."""
     bad = [
-        f"{name} ({model.get_submodule(name).in_features})"
-        for name in names
-        if model.get_submodule(name).in_features % group_size
+        f"{name} ({model.get_submodule(name).in_features} in-features, group {size})"
+        for name, size in group_sizes.items()
+        if size and model.get_submodule(name).in_features % size
     ]
     if bad:
-        raise InputError(
-            f"{len(bad)} target layer(s) have in-features not divisible by the scheme's group size {group_size}: {_listing(bad)}",
-            hint="choose a per-channel recipe (w8a8-sq-gptq, fp8-dynamic) or a recipe with a group size that divides",
+        raise CheckFailed(
+            f"{len(bad)} target layer(s) planned with a group size that does not divide their in-features: {_listing(bad)}",
+            hint="a bug in quantkit.quantize.mixed; nothing was calibrated or written",
         )

@@ -14,17 +14,43 @@ def kv_cache_fp8_args():
     return QuantizationArgs(num_bits=8, type="float", strategy="tensor", dynamic=False, symmetric=True)
 
 
+def preset_name(recipe: Recipe) -> str:
+    """The compressed-tensors preset a recipe starts from (W4A16 with ``symmetric: false`` is
+    the library's W4A16_ASYM)."""
+    if recipe.scheme == "W4A16" and not recipe.symmetric:
+        return "W4A16_ASYM"
+    return recipe.scheme
+
+
+def weight_args(recipe: Recipe, group_size: int | None = None):
+    """The recipe's weight QuantizationArgs; ``group_size`` (chosen for the model) overrides the
+    preset's (W4A16: 128) for group-wise schemes."""
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    args = preset_name_to_scheme(preset_name(recipe), ["Linear"]).weights
+    if args is None:
+        raise ValueError(f"scheme {recipe.scheme} quantizes no weights")
+    size = group_size or recipe.group_size
+    if size and args.group_size:
+        args = args.model_copy(update={"group_size": size})  # keeps the preset otherwise untouched
+    return args
+
+
 def build_modifiers(
     recipe: Recipe,
     *,
     targets: list[str],
     ignore: list[str],
     smoothquant_mappings: list[list] | None = None,
+    config_groups: dict | None = None,
 ) -> list:
     """The modifier list for ``oneshot``: SmoothQuant (if any) first, then the quantizer.
 
     ``targets`` and ``ignore`` are module patterns (exact names or ``re:``) computed from the
     model's language model; nothing here falls back to the library's "every Linear" default.
+    ``config_groups`` (name -> compressed-tensors QuantizationScheme, each with its own targets),
+    when given, replaces the recipe's preset scheme: the group size chosen for the model, zero
+    points, and mixed precision (quantkit.quantize.mixed) arrive this way.
     """
     from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
 
@@ -39,7 +65,11 @@ def build_modifiers(
         modifiers.append(
             SmoothQuantModifier(smoothing_strength=recipe.smoothquant_strength, mappings=smoothquant_mappings)
         )
-    common: dict[str, Any] = dict(scheme=recipe.scheme, targets=list(targets), ignore=list(ignore))
+    common: dict[str, Any] = dict(targets=list(targets), ignore=list(ignore))
+    if config_groups:
+        common = dict(config_groups=dict(config_groups), ignore=list(ignore))
+    else:
+        common["scheme"] = preset_name(recipe)
     if recipe.kv_cache_fp8:
         common["kv_cache_scheme"] = kv_cache_fp8_args()
     if recipe.method == "gptq":
@@ -51,11 +81,17 @@ def build_modifiers(
     return modifiers
 
 
-def resolved_scheme(recipe: Recipe) -> dict:
-    """The full compressed-tensors scheme the recipe resolves to (for quantkit.json)."""
+def resolved_scheme(recipe: Recipe, *, group_size: int | None = None) -> dict:
+    """The full compressed-tensors scheme the recipe resolves to (for quantkit.json).
+
+    ``group_size`` is the one chosen for the model (group-wise schemes); without it the recipe's
+    own, else the preset's. Mixed precision is described separately (quantkit.json ``mixed``).
+    """
     from compressed_tensors.quantization import preset_name_to_scheme
 
-    scheme = preset_name_to_scheme(recipe.scheme, ["<language-model Linear layers>"])
+    scheme = preset_name_to_scheme(preset_name(recipe), ["<language-model Linear layers>"])
+    if scheme.weights is not None and scheme.weights.group_size:
+        scheme.weights = weight_args(recipe, group_size)
     result: dict[str, Any] = {"preset": recipe.scheme, "format": recipe.checkpoint_format}
     result.update(scheme.model_dump(mode="json", exclude_none=True, exclude={"targets"}))
     if recipe.method == "gptq":

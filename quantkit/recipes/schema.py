@@ -18,11 +18,16 @@ STATIC_ACTIVATION_SCHEMES = {"FP8"}
 # Schemes that quantize activations at all (SmoothQuant only helps those).
 ACTIVATION_SCHEMES = {"W8A8", "FP8", "FP8_DYNAMIC"}
 
+# Schemes whose weights are quantized in groups along the input features (group_size applies).
+GROUP_SCHEMES = {"W4A16"}
+
 # llmcompressor 0.14 GPTQModifier defaults (tests compare them with the library).
 GPTQ_DEFAULT_ACTORDER = "static"
 GPTQ_DEFAULT_DAMPENING_FRAC = 0.01
 
 Scheme = Literal["W8A8", "W4A16", "FP8", "FP8_DYNAMIC"]
+# Schemes a W4A16 recipe keeps its 8-bit layers in (mixed precision, or no group size divides).
+PromotedScheme = Literal["W8A16", "W8A8"]
 ActOrder = Literal["static", "weight", "group", "dynamic"]
 
 
@@ -51,8 +56,36 @@ class Recipe(BaseModel):
         "(llmcompressor QuantizationModifier; static activation scales still come from data)"
     )
     smoothquant_strength: float | None = Field(default=None, gt=0.0, le=1.0)
-    actorder: ActOrder | None = GPTQ_DEFAULT_ACTORDER
-    dampening_frac: float = Field(default=GPTQ_DEFAULT_DAMPENING_FRAC, gt=0.0, lt=1.0)
+    actorder: ActOrder | None = Field(
+        default=GPTQ_DEFAULT_ACTORDER,
+        description="GPTQ column order: static (by Hessian diagonal, no runtime cost; the library "
+        "default), group (reorder within groups; writes a g_idx), weight, dynamic, or null (none)",
+    )
+    dampening_frac: float = Field(
+        default=GPTQ_DEFAULT_DAMPENING_FRAC,
+        gt=0.0,
+        lt=1.0,
+        description="GPTQ Hessian dampening, as a fraction of its mean diagonal (library default 0.01)",
+    )
+    group_size: int | None = Field(
+        default=None,
+        ge=8,
+        description="W4A16 only: weights per scale along the input features. null: the largest of "
+        "128, 64, 32 that divides every targeted layer's in-features (layers none divides stay at 8 "
+        "bits); a number: that group size (layers it does not divide stay at 8 bits)",
+    )
+    symmetric: bool = Field(
+        default=True,
+        description="W4A16 only: false adds a zero point per group (asymmetric int4, like W4A16_ASYM)",
+    )
+    promoted_scheme: PromotedScheme = Field(
+        default="W8A16",
+        description="W4A16 only: the scheme of layers kept at 8 bits (quantize --avg-bits, or layers no "
+        "group size divides). W8A16: int8 weights, 16-bit activations (vLLM: GPU kernels; its CPU "
+        "backend has 4-bit weight-only kernels only). W8A8: int8 weights and dynamic per-token int8 "
+        "activations (vLLM: GPUs with int8 tensor cores and the CPU backend); the checkpoint's "
+        "format becomes mixed-precision",
+    )
     kv_cache_fp8: bool = False
     drift_thresholds: DriftLimits | None = None
 
@@ -66,6 +99,13 @@ class Recipe(BaseModel):
             stray = {"actorder", "dampening_frac"} & self.model_fields_set
             if stray:
                 raise ValueError(f"{', '.join(sorted(stray))}: GPTQ settings need method: gptq")
+        if self.scheme not in GROUP_SCHEMES:
+            stray = {"group_size", "symmetric", "promoted_scheme"} & self.model_fields_set
+            if stray:
+                raise ValueError(
+                    f"{', '.join(sorted(stray))}: only group-wise weight schemes ({', '.join(sorted(GROUP_SCHEMES))}) "
+                    f"take it, not {self.scheme}"
+                )
         return self
 
     @property

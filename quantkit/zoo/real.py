@@ -12,7 +12,6 @@ published-number comparisons. Benchmarks and ``quantkit eval`` by hand use it; t
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 from quantkit.errors import InputError
@@ -25,10 +24,9 @@ DONE_MARKER = ".converted-from-gguf"
 
 
 def default_models_dir() -> Path:
-    base = os.environ.get("QUANTKIT_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "quantkit"
-    )
-    return Path(base) / "models"
+    from quantkit.fsutil import cache_root
+
+    return cache_root("models")
 
 
 def smollm2_gguf() -> Path:

@@ -1,0 +1,584 @@
+"""Group size selection and mixed precision for group-wise weight schemes (W4A16).
+
+Two decisions are made here, before any calibration, from the model's shapes (the meta model
+suffices) and, for mixed precision, a sensitivity table (quantkit.sensitivity):
+
+Group size. One group size for the whole 4-bit part: the largest candidate (128, 64, 32, or the
+recipe's own group_size alone) that divides the in-features of every targeted layer. A layer that
+no candidate divides is kept at 8 bits (W8A16, per-channel scales: no divisibility constraint)
+and reported, instead of failing deep inside oneshot. One group size rather than one per layer:
+a single 4-bit config group is what every kernel and loader handles, and the candidates are
+nested (32 | 64 | 128), so "the largest that divides all" loses little against a per-layer pick
+while keeping the checkpoint uniform.
+
+Mixed precision (``avg_bits``). Layers are promoted to 8 bits in *fusion units* (q/k/v together,
+gate/up together, all experts of a block together): vLLM loads each unit as one fused layer and
+refuses shards with different schemes. Units are ranked by measured sensitivity per promoted
+bit (KL of the model's next-token distribution when only that unit is quantized to 4 bits,
+divided by the bits promotion costs) and taken greedily while the average stays within the
+budget. The budget counts weight bits by parameter count over the language model's targeted
+Linear layers: 4 per 4-bit weight, 8 per 8-bit weight; scales and zero points are not counted
+unless ``count_overhead`` (they are always reported: ``effective_bits``).
+
+Checkpoint layout: two compressed-tensors config groups, both ``pack-quantized`` (W8A8 promoted
+layers are ``int-quantized``, the checkpoint ``mixed-precision``):
+  group_0  W8A16 (int8, per-channel; or W8A8, recipe promoted_scheme), targets: one ``re:``
+           pattern per promoted unit
+  group_1  W4A16 (chosen group size, symmetric or not), targets ["Linear"] (minus the ignore list)
+(without promoted layers, group_0 is the W4A16 group alone, as the plain preset writes it).
+Both compressed-tensors (transformers reload) and vLLM prefer a name match over the class match
+"Linear", so the promoted layers get group_1 and every other Linear group_0. vLLM keeps regex
+targets as written (its hf_to_vllm_mapper renames only plain dotted names), so the patterns are
+written against the name *suffix* below the language model's root (``layers.3.mlp.down_proj``)
+with any prefix allowed: transformers' ``model.layers.3...``, Qwen-VL's
+``model.language_model.layers.3...``, vLLM's ``language_model.model.layers.3...`` and the Omni
+serving layout ``thinker.model.layers.3...`` all end that way. A fused vLLM layer
+(``...self_attn.qkv_proj``) matches a target only when all its shards do, which the unit rule
+guarantees. Towers that reuse the same suffixes (an audio encoder's ``layers.N.self_attn``) are
+excluded by the ignore list, which both loaders apply before any target.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from quantkit.errors import CheckFailed, InputError
+
+GROUP_SIZE_CANDIDATES = (128, 64, 32)
+LOW_BITS = 4
+HIGH_BITS = 8
+# The 8-bit schemes a W4A16 recipe can promote layers to (recipe ``promoted_scheme``), and the
+# compressed-tensors format each writes: W8A16 shares W4A16's pack-quantized format; W8A8
+# (dynamic per-token int8 activations) is int-quantized, making the checkpoint mixed-precision.
+HIGH_FORMATS = {"W8A16": "pack-quantized", "W8A8": "int-quantized"}
+
+
+def high_scheme(name: str, targets: list[str]):
+    """The 8-bit QuantizationScheme, per-channel weights (no group, so no divisibility constraint):
+    W8A8 is the library preset; W8A16 is written out because compressed-tensors 0.19's preset
+    of that name is group-128 (which 576-wide layers cannot take)."""
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme, preset_name_to_scheme
+
+    if name == "W8A8":
+        return preset_name_to_scheme("W8A8", list(targets))
+    if name != "W8A16":
+        raise ValueError(f"unknown 8-bit scheme {name!r}")
+    weights = QuantizationArgs(num_bits=8, type="int", strategy="channel", symmetric=True, dynamic=False)
+    return QuantizationScheme(targets=list(targets), weights=weights)
+
+
+SCALE_BITS = 16  # scales are stored in the checkpoint's dtype (bf16 / fp16)
+SHOWN = 12
+
+# Leaves vLLM fuses into one layer (packed_modules_mapping of its Llama / Qwen models).
+FUSED_LEAVES = {
+    "q_proj": "qkv_proj",
+    "k_proj": "qkv_proj",
+    "v_proj": "qkv_proj",
+    "gate_proj": "gate_up_proj",
+    "up_proj": "gate_up_proj",
+}
+
+
+# ---------------------------------------------------------------------- fusion units
+
+
+def fusion_unit(name: str) -> str:
+    """The layer vLLM loads ``name`` into: ``...self_attn.qkv_proj`` for q/k/v, ``...mlp.gate_up_proj``
+    for gate/up, ``...mlp.experts`` for every expert Linear of a block, else the layer itself."""
+    parts = name.split(".")
+    if "experts" in parts[:-1]:
+        last = len(parts) - 1 - parts[::-1].index("experts")
+        return ".".join(parts[: last + 1])
+    if parts[-1] in FUSED_LEAVES:
+        return ".".join([*parts[:-1], FUSED_LEAVES[parts[-1]]])
+    return name
+
+
+def fusion_units(names: list[str]) -> dict[str, list[str]]:
+    units: dict[str, list[str]] = defaultdict(list)
+    for name in names:
+        units[fusion_unit(name)].append(name)
+    return dict(units)
+
+
+# ---------------------------------------------------------------------- group size
+
+
+@dataclass
+class GroupChoice:
+    group_size: int | None  # None: no layer takes any candidate (all 8-bit)
+    candidates: tuple[int, ...]
+    unfit: dict[str, int] = field(default_factory=dict)  # layer -> in-features no candidate divides
+
+    def describe(self) -> str:
+        text = f"group size {self.group_size} (largest of {', '.join(map(str, self.candidates))} dividing every targeted layer)"
+        if self.unfit:
+            shown = ", ".join(f"{n} ({f})" for n, f in list(self.unfit.items())[:SHOWN])
+            more = f" ... and {len(self.unfit) - SHOWN} more" if len(self.unfit) > SHOWN else ""
+            text += f"; {len(self.unfit)} layer(s) with in-features no candidate divides stay at 8 bits: {shown}{more}"
+        return text
+
+
+def choose_group_size(
+    in_features: dict[str, int],
+    candidates: tuple[int, ...] = GROUP_SIZE_CANDIDATES,
+    params: dict[str, int] | None = None,
+) -> GroupChoice:
+    """The group size for the 4-bit part and the layers none of ``candidates`` fits.
+
+    Among the candidates, the one that fits the most parameters wins (ties: the larger group,
+    fewer scales); for nested candidates (128, 64, 32) that is the largest dividing every layer
+    some candidate divides. Layers the winner does not divide are ``unfit`` (kept at 8 bits)."""
+    candidates = tuple(sorted({int(c) for c in candidates}, reverse=True))
+    if not candidates or min(candidates) < 1:
+        raise InputError(f"group size candidates must be positive integers, got {candidates}")
+    weight = params or dict.fromkeys(in_features, 1)
+    best, best_fit = None, -1
+    for size in candidates:
+        fit = sum(weight[name] for name, features in in_features.items() if features % size == 0)
+        if fit > best_fit:
+            best, best_fit = size, fit
+    if best_fit <= 0:
+        return GroupChoice(None, candidates, dict(in_features))
+    unfit = {name: features for name, features in in_features.items() if features % best}
+    return GroupChoice(best, candidates, unfit)
+
+
+# ---------------------------------------------------------------------- budget
+
+
+def layer_bits(bits: int, in_features: int, group_size: int | None, symmetric: bool) -> float:
+    """Bits per weight including scales (and zero points): 4-bit groups carry one 16-bit scale per
+    ``group_size`` weights (+ a 4-bit zero point when asymmetric); 8-bit per-channel weights one
+    scale per output row (``in_features`` weights)."""
+    if bits == LOW_BITS and group_size:
+        return bits + SCALE_BITS / group_size + (0 if symmetric else LOW_BITS / group_size)
+    return bits + SCALE_BITS / in_features
+
+
+@dataclass
+class UnitChoice:
+    unit: str
+    layers: list[str]
+    params: int
+    bits: int
+    score: float | None = None
+    rank: int | None = None  # by sensitivity, 1 = most sensitive
+    reason: str = ""
+
+
+@dataclass
+class PrecisionPlan:
+    """Which Linear layers get 4 and 8 bits, the group size, and what that averages."""
+
+    low_scheme: str  # W4A16 / W4A16_ASYM
+    high_scheme: str  # W8A16 / W8A8
+    group_size: int | None
+    candidates: tuple[int, ...]
+    symmetric: bool
+    high: dict[str, str]  # layer -> why it stays at 8 bits
+    units: list[UnitChoice]
+    params_total: int
+    params_high: int
+    avg_bits: float  # nominal: 4 / 8 per weight, by parameter count
+    effective_bits: float  # with scales and zero points
+    avg_bits_requested: float | None = None
+    count_overhead: bool = False
+    selection: str = "density"
+    high_patterns: list[str] = field(default_factory=list)
+    sensitivity: dict | None = None  # where the ranking came from
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def mixed(self) -> bool:
+        return bool(self.high)
+
+    @property
+    def checkpoint_format(self) -> str:
+        """The compressed-tensors format config.json will carry."""
+        formats = set()
+        if self.group_size is not None and len(self.high) < sum(len(u.layers) for u in self.units):
+            formats.add("pack-quantized")
+        if self.high:
+            formats.add(HIGH_FORMATS[self.high_scheme])
+        return formats.pop() if len(formats) == 1 else "mixed-precision"
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["candidates"] = list(self.candidates)
+        data["budget_counts"] = (
+            "weights, scales and zero points"
+            if self.count_overhead
+            else "weight bits only (4 or 8 per weight)"
+        )
+        data["avg_bits"] = round(self.avg_bits, 4)
+        data["effective_bits"] = round(self.effective_bits, 4)
+        return data
+
+    def group_sizes(self, names: list[str]) -> dict[str, int | None]:
+        """Per layer: the group size it will be quantized with (None: per-channel 8-bit)."""
+        return {name: None if name in self.high else self.group_size for name in names}
+
+    def config_groups(self, recipe) -> dict:
+        """compressed-tensors config groups: the 4-bit scheme on "Linear", the 8-bit one on the
+        promoted units' patterns (a name match wins over the class match in both loaders)."""
+        from compressed_tensors.quantization import QuantizationScheme
+
+        from quantkit.recipes.modifiers import weight_args
+
+        # The 8-bit group first: compressed-tensors' matcher tries targets in this order and
+        # warns about a pattern it never reached (a Linear stops at the first target it matches);
+        # which scheme a layer gets does not depend on the order (name matches win in both loaders).
+        groups = {}
+        if self.high_patterns:
+            groups["group_0"] = high_scheme(self.high_scheme, list(self.high_patterns))
+        if self.group_size is not None:
+            groups[f"group_{len(groups)}"] = QuantizationScheme(
+                targets=["Linear"], weights=weight_args(recipe, self.group_size)
+            )
+        if not groups:
+            raise InputError("nothing to quantize: no layer takes the 4-bit scheme and none was promoted")
+        return groups
+
+    def summary(self) -> str:
+        head = f"{self.low_scheme} group {self.group_size}" if self.group_size else "no 4-bit layer"
+        text = (
+            f"{head}; {len(self.high)} of the language model's Linear layers at 8 bits "
+            f"({self.params_high / max(self.params_total, 1):.1%} of its weights); average {self.avg_bits:.3f} bits "
+            f"per weight ({self.effective_bits:.3f} with scales)"
+        )
+        if self.avg_bits_requested is not None:
+            text += f", budget {self.avg_bits_requested}"
+        return text
+
+
+def check_avg_bits(avg_bits: float | None) -> None:
+    if avg_bits is not None and not LOW_BITS < avg_bits <= HIGH_BITS:
+        raise InputError(
+            f"--avg-bits {avg_bits}: must lie in ({LOW_BITS}, {HIGH_BITS}] for a {LOW_BITS}-bit scheme "
+            f"with {HIGH_BITS}-bit layers"
+        )
+
+
+def _union_groups(
+    units: dict[str, list[str]], rows: list[tuple[list[str], float]]
+) -> list[tuple[list[str], float]]:
+    """Merge fusion units that one sensitivity row spans (a whole decoder block in block mode);
+    returns (units, summed score) per merged group."""
+    layer_unit = {layer: unit for unit, layers in units.items() for layer in layers}
+    parent = {unit: unit for unit in units}
+
+    def find(unit: str) -> str:
+        while parent[unit] != unit:
+            parent[unit] = parent[parent[unit]]
+            unit = parent[unit]
+        return unit
+
+    for layers, _ in rows:
+        owners = [find(layer_unit[layer]) for layer in layers if layer in layer_unit]
+        for other in owners[1:]:
+            parent[find(other)] = find(owners[0])
+    scores: dict[str, float] = defaultdict(float)
+    for layers, score in rows:
+        owners = {find(layer_unit[layer]) for layer in layers if layer in layer_unit}
+        for owner in owners:
+            scores[owner] += score / len(owners)
+    members: dict[str, list[str]] = defaultdict(list)
+    for unit in units:
+        members[find(unit)].append(unit)
+    return [(group, scores.get(root, 0.0)) for root, group in members.items()]
+
+
+def _sensitivity_rows(sensitivity, targets: list[str]) -> tuple[list[tuple[list[str], float]], dict]:
+    from quantkit.sensitivity.table import SensitivityTable, load_table
+
+    table = sensitivity if isinstance(sensitivity, SensitivityTable) else load_table(sensitivity)
+    measured = {layer for row in table.rows for layer in row.layers}
+    skipped = set(table.skipped)
+    missing = [name for name in targets if name not in measured and name not in skipped]
+    if missing:
+        raise InputError(
+            f"the sensitivity table does not cover {len(missing)} targeted layer(s): {', '.join(missing[:SHOWN])}",
+            hint="measure it on this model with `quantkit sensitivity` (same adapter)",
+        )
+    stray = sorted(measured - set(targets))
+    if stray:
+        raise InputError(
+            f"the sensitivity table names {len(stray)} layer(s) this model does not target: {', '.join(stray[:SHOWN])}",
+            hint="it was measured on another model or adapter",
+        )
+    rows = [(list(row.layers), float(row.score)) for row in table.rows]
+    return rows, table.source_summary()
+
+
+def plan_precision(
+    model: torch.nn.Module,
+    names: list[str],
+    recipe,
+    *,
+    avg_bits: float | None = None,
+    sensitivity=None,
+    candidates: tuple[int, ...] | None = None,
+    count_overhead: bool = False,
+    selection: str = "density",
+    root: str = "",
+) -> PrecisionPlan:
+    """Group size and 8-bit layers for ``recipe`` (a W4A16 recipe) on the targeted Linear ``names``.
+
+    ``avg_bits`` (4 < avg_bits <= 8) promotes the most sensitive fusion units per promoted bit
+    (from ``sensitivity``: a SensitivityTable or its JSON path) while the average stays within
+    it; without a ranking (a dry run) or without ``avg_bits`` only the layers no group size fits
+    are promoted, and the budget is checked against them.
+    ``root`` is the language model's root (``model``, ``model.language_model``): patterns are
+    written for the names below it. Raises InputError when the layers no group size divides
+    already exceed the budget, before any work.
+    """
+    from quantkit.recipes.modifiers import preset_name
+
+    if selection not in {"density", "score"}:
+        raise InputError(f"unknown selection {selection!r}: density or score")
+    check_avg_bits(avg_bits)
+    modules = {name: model.get_submodule(name) for name in names}
+    in_features = {name: int(m.in_features) for name, m in modules.items()}
+    params = {name: int(m.in_features) * int(m.out_features) for name, m in modules.items()}
+    if candidates is None:
+        candidates = (recipe.group_size,) if recipe.group_size else GROUP_SIZE_CANDIDATES
+    choice = choose_group_size(in_features, tuple(candidates), params)
+    units = fusion_units(names)
+    unit_params = {unit: sum(params[n] for n in layers) for unit, layers in units.items()}
+    total = sum(params.values())
+
+    def cost(unit: str, bits: int) -> float:
+        """Bits this unit costs at ``bits`` (budget accounting)."""
+        if not count_overhead:
+            return bits * unit_params[unit]
+        return sum(
+            layer_bits(bits, in_features[n], choice.group_size, recipe.symmetric) * params[n]
+            for n in units[unit]
+        )
+
+    high_units: dict[str, str] = {}
+    for unit, layers in units.items():
+        unfit = [n for n in layers if n in choice.unfit]
+        if unfit or choice.group_size is None:
+            features = sorted({in_features[n] for n in layers})
+            high_units[unit] = (
+                f"in-features {', '.join(map(str, features))}: no group size in "
+                f"{', '.join(map(str, choice.candidates))} divides it"
+            )
+    spent = sum(cost(u, HIGH_BITS if u in high_units else LOW_BITS) for u in units)
+    budget = avg_bits * total if avg_bits is not None else None
+    notes: list[str] = []
+    if budget is not None and spent > budget + 1e-6:
+        raise InputError(
+            f"--avg-bits {avg_bits}: the {len(high_units)} layer unit(s) no group size divides already need "
+            f"{spent / total:.3f} bits per weight",
+            hint="raise --avg-bits, or allow a smaller group size (recipe group_size)",
+        )
+
+    scores: dict[str, float] = {}
+    ranks: dict[str, int] = {}
+    source = None
+    order: list[tuple[list[str], float]] = []
+    if sensitivity is not None:
+        rows, source = _sensitivity_rows(sensitivity, names)
+        order = _union_groups(units, rows)
+        for group, score in order:
+            for unit in group:
+                scores[unit] = score / len(group)
+        for rank, (group, _) in enumerate(sorted(order, key=lambda g: -g[1]), start=1):
+            for unit in group:
+                ranks[unit] = rank
+    if budget is not None and sensitivity is None:
+        notes.append("no sensitivity ranking yet: the sensitive layers are chosen when it is measured")
+    if budget is not None and sensitivity is not None:
+
+        def extra(group: list[str]) -> float:
+            return sum(cost(u, HIGH_BITS) - cost(u, LOW_BITS) for u in group)
+
+        def key(item: tuple[list[str], float]) -> float:
+            group, score = item
+            return -(score / max(extra(group), 1e-9)) if selection == "density" else -score
+
+        for group, score in sorted(order, key=key):
+            if score <= 0 or any(u in high_units for u in group):
+                continue
+            if spent + extra(group) <= budget + 1e-6:
+                spent += extra(group)
+                for unit in group:
+                    high_units[unit] = f"sensitive: rank {ranks[unit]} of {len(order)} (KL {score:.4g})"
+        if not any(r.startswith("sensitive") for r in high_units.values()):
+            notes.append(f"no unit fits the budget of {avg_bits} bits: everything stays at 4 bits")
+
+    high = {
+        layer: high_units[unit] for unit, layers in units.items() if unit in high_units for layer in layers
+    }
+    params_high = sum(params[n] for n in high)
+    nominal = (HIGH_BITS * params_high + LOW_BITS * (total - params_high)) / total
+    effective = (
+        sum(
+            layer_bits(
+                HIGH_BITS if n in high else LOW_BITS, in_features[n], choice.group_size, recipe.symmetric
+            )
+            * params[n]
+            for n in names
+        )
+        / total
+    )
+    choices = [
+        UnitChoice(
+            unit=unit,
+            layers=list(layers),
+            params=unit_params[unit],
+            bits=HIGH_BITS if unit in high_units else LOW_BITS,
+            score=scores.get(unit),
+            rank=ranks.get(unit),
+            reason=high_units.get(unit, ""),
+        )
+        for unit, layers in units.items()
+    ]
+    plan = PrecisionPlan(
+        low_scheme=preset_name(recipe),
+        high_scheme=recipe.promoted_scheme,
+        group_size=choice.group_size,
+        candidates=choice.candidates,
+        symmetric=recipe.symmetric,
+        high=high,
+        units=choices,
+        params_total=total,
+        params_high=params_high,
+        avg_bits=nominal,
+        effective_bits=effective,
+        avg_bits_requested=avg_bits,
+        count_overhead=count_overhead,
+        selection=selection,
+        high_patterns=unit_patterns([u for u in units if u in high_units], units, root),
+        sensitivity=source,
+        notes=notes,
+    )
+    check_precision_plan(plan, names)
+    return plan
+
+
+# ---------------------------------------------------------------------- patterns and their proof
+
+
+def _relative(name: str, root: str) -> str:
+    return name[len(root) + 1 :] if root and name.startswith(root + ".") else name
+
+
+def unit_patterns(chosen: list[str], units: dict[str, list[str]], root: str) -> list[str]:
+    """One ``re:`` pattern per promoted unit, matching its layers under any prefix (see module doc)."""
+    patterns = []
+    for unit in chosen:
+        layers = units[unit]
+        relative = _relative(unit, root)
+        if (
+            unit.rsplit(".", 1)[-1] == "experts"
+            or len(layers) > 1
+            and not all(layer.rsplit(".", 1)[0] == layers[0].rsplit(".", 1)[0] for layer in layers)
+        ):
+            patterns.append(r"re:(.*\.)?" + re.escape(relative) + r"(\..*)?$")
+            continue
+        parent = re.escape(_relative(layers[0].rsplit(".", 1)[0], root))
+        leaves = [layer.rsplit(".", 1)[1] for layer in layers]
+        leaf = re.escape(leaves[0]) if len(leaves) == 1 else "(" + "|".join(map(re.escape, leaves)) + ")"
+        patterns.append(r"re:(.*\.)?" + parent + r"\." + leaf + "$")
+    return patterns
+
+
+def _scheme_index(name: str, targets_in_order: list[tuple[str, int]]) -> int | None:
+    """Which config group a Linear called ``name`` gets: a name (or regex) match first, then the
+    class name "Linear", as compressed-tensors' match_targets and vLLM's find_matched_target do."""
+    from compressed_tensors.utils.match import match_name
+
+    for target, index in targets_in_order:
+        if target != "Linear" and match_name(name, target):
+            return index
+    for target, index in targets_in_order:
+        if target == "Linear":
+            return index
+    return None
+
+
+def check_precision_plan(plan: PrecisionPlan, names: list[str]) -> None:
+    """Prove the config groups give exactly the planned layers 8 bits and the rest 4 under the
+    loaders' matching rules (every other Linear is on the ignore list: resolve_targets proves
+    that), and that every fused unit gets one scheme."""
+    targets: list[tuple[str, int]] = [(pattern, HIGH_BITS) for pattern in plan.high_patterns]
+    if plan.group_size is not None:
+        targets.append(("Linear", LOW_BITS))
+    problems = []
+    for name in names:
+        bits = _scheme_index(name, targets)
+        expected = HIGH_BITS if name in plan.high else LOW_BITS
+        if bits != expected:
+            problems.append(f"{name}: planned {expected} bits, the config groups give {bits}")
+    for unit in plan.units:
+        got = {_scheme_index(layer, targets) for layer in unit.layers}
+        if len(got) > 1:
+            problems.append(f"fused unit {unit.unit} would get different schemes {sorted(map(str, got))}")
+    if problems:
+        raise CheckFailed(
+            "mixed-precision config groups disagree with the plan: " + "; ".join(problems[:SHOWN]),
+            hint="a bug in quantkit.quantize.mixed; nothing was written",
+        )
+
+
+def assigned_bits(model: torch.nn.Module) -> dict[str, int]:
+    """After oneshot: the weight bits compressed-tensors attached to each quantized module."""
+    found = {}
+    for name, module in model.named_modules():
+        scheme = getattr(module, "quantization_scheme", None)
+        if scheme is not None and getattr(scheme, "weights", None) is not None:
+            found[name] = int(scheme.weights.num_bits)
+    return found
+
+
+def check_assigned(model: torch.nn.Module, plan: PrecisionPlan, names: list[str]) -> None:
+    """After oneshot: every targeted layer carries the planned bits and group size."""
+    problems = []
+    for name in names:
+        scheme = getattr(model.get_submodule(name), "quantization_scheme", None)
+        weights = getattr(scheme, "weights", None)
+        if weights is None:
+            problems.append(f"{name}: not quantized")
+            continue
+        bits, group = (HIGH_BITS, None) if name in plan.high else (LOW_BITS, plan.group_size)
+        if int(weights.num_bits) != bits or (group is not None and weights.group_size != group):
+            problems.append(
+                f"{name}: {weights.num_bits} bits group {weights.group_size}, planned {bits} bits group {group}"
+            )
+    if problems:
+        raise CheckFailed(
+            f"{len(problems)} layer(s) quantized otherwise than planned: " + "; ".join(problems[:SHOWN]),
+            hint="nothing was written",
+        )
+
+
+def order_config_groups(directory) -> bool:
+    """Rewrite the saved config.json so config groups with name targets come first.
+
+    compressed-tensors saves groups in module order (the 4-bit group first) and, on reload, tries
+    targets in that order, warning "Could not match" for every pattern a Linear never reached
+    because it stopped at "Linear". The scheme each layer gets does not depend on the order
+    (name matches win in compressed-tensors and vLLM alike); only the warning does."""
+    import json
+    from pathlib import Path
+
+    path = Path(directory) / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    holder = config.get("quantization_config") or {}
+    groups = holder.get("config_groups") or {}
+    if len(groups) < 2:
+        return False
+    named = [g for g in groups.values() if any(t != "Linear" for t in g.get("targets", []))]
+    ordered = named + [g for g in groups.values() if not any(t != "Linear" for t in g.get("targets", []))]
+    holder["config_groups"] = {f"group_{i}": group for i, group in enumerate(ordered)}
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return True

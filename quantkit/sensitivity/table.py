@@ -1,0 +1,112 @@
+"""The sensitivity table: one row per measured unit (a Linear, a fusion unit or a decoder block),
+ranked, with what was measured and what it cost; JSON on disk."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from quantkit.errors import InputError
+
+TABLE_VERSION = 1
+
+
+@dataclass
+class SensitivityRow:
+    name: str  # the Linear, the fusion unit (``...qkv_proj``) or the decoder block
+    layers: list[str]  # the Linear layers quantized together for this row
+    params: int
+    kl: float  # mean next-token KL(original || only this row quantized), nats per position
+    top1: float | None  # fraction of scored positions whose top-1 token is unchanged (kl method)
+    rel_logit_mse: float | None  # ||logits - original||^2 / ||original||^2 at the scored positions
+    rank: int = 0
+
+    @property
+    def score(self) -> float:
+        return self.kl
+
+
+@dataclass
+class SensitivityTable:
+    model: str
+    architecture: str
+    scheme: dict  # preset + weight args the layers were fake-quantized with
+    granularity: str  # layer | unit | block
+    mode: str  # replay (cached block inputs) | full (whole forward per row)
+    samples: int
+    sample_ids: list[str]
+    tokens: int
+    positions: int  # scored positions, all samples
+    rows: list[SensitivityRow]
+    skipped: dict[str, str] = field(default_factory=dict)  # layer -> why not measured
+    cost: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    method: str = "kl"  # kl: measured; fisher: second-order estimate from sampled-label gradients
+    version: int = TABLE_VERSION
+
+    def ranked(self) -> list[SensitivityRow]:
+        return sorted(self.rows, key=lambda r: r.rank)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["rows"] = [asdict(row) for row in self.ranked()]
+        return data
+
+    def source_summary(self) -> dict:
+        """What quantkit.json records about the ranking a mixed-precision plan used."""
+        return {
+            "model": self.model,
+            "scheme": self.scheme,
+            "granularity": self.granularity,
+            "mode": self.mode,
+            "samples": self.samples,
+            "positions": self.positions,
+            "metric": "mean next-token KL, one row quantized at a time (round-to-nearest)"
+            + ("" if self.method == "kl" else ", Fisher estimate"),
+            "method": self.method,
+            "cost": self.cost,
+        }
+
+
+def save_table(table: SensitivityTable, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(table.to_dict(), indent=2) + "\n", encoding="utf-8")
+    partial.replace(path)
+    return path
+
+
+def load_table(path: Path) -> SensitivityTable:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise InputError(f"cannot read the sensitivity table: {err}", path=path) from None
+    if not isinstance(data, dict) or data.get("version") != TABLE_VERSION or "rows" not in data:
+        raise InputError("not a quantkit sensitivity table (version 1)", path=path)
+    rows = [SensitivityRow(**row) for row in data.pop("rows")]
+    try:
+        return SensitivityTable(rows=rows, **data)
+    except TypeError as err:
+        raise InputError(f"malformed sensitivity table: {err}", path=path) from None
+
+
+def format_table(table: SensitivityTable, top: int | None = 20) -> list[str]:
+    """Plain-text lines: the ranked rows (the first ``top``) and the cost."""
+    rows = table.ranked()
+    shown = rows if top is None else rows[:top]
+    width = max([len(r.name) for r in shown] + [5])
+    lines = [f"{'rank':>4}  {'layer':<{width}}  {'params':>10}  {'KL':>10}  {'top-1':>6}  {'rel MSE':>9}"]
+    for row in shown:
+        top1 = "-" if row.top1 is None else f"{row.top1:.3f}"
+        mse = "-" if row.rel_logit_mse is None else f"{row.rel_logit_mse:.2e}"
+        lines.append(
+            f"{row.rank:>4}  {row.name:<{width}}  {row.params:>10,}  {row.kl:>10.5f}  {top1:>6}  {mse:>9}"
+        )
+    if len(rows) > len(shown):
+        lines.append(f"... {len(rows) - len(shown)} more rows in the JSON")
+    for name, why in table.skipped.items():
+        lines.append(f"not measured: {name}: {why}")
+    return lines

@@ -1,0 +1,445 @@
+"""Group size selection and mixed precision (W4A16 + 8-bit layers) end to end: the plan, the
+budget, the config groups both loaders read, the checkpoint on disk, transformers and vLLM."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from quantkit.errors import InputError
+from quantkit.models import adapter_for
+from quantkit.quantize import plan, quantize, resolve_targets
+from quantkit.quantize.mixed import (
+    choose_group_size,
+    fusion_unit,
+    fusion_units,
+    plan_precision,
+    unit_patterns,
+)
+from quantkit.recipes import Recipe, build_modifiers, get_recipe, resolved_scheme
+from quantkit.sensitivity import SensitivityRow, SensitivityTable, save_table, sensitivity
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_sensitivity import DAMAGED, damage, text_samples  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:Attempting to save a model with offloaded modules")
+
+
+def tensors(output: Path) -> dict[str, tuple]:
+    found = {}
+    for path in sorted(output.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as handle:
+            for key in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
+                found[key] = tuple(handle.get_slice(key).get_shape())
+    return found
+
+
+@pytest.fixture(scope="session")
+def damaged_qwen3(zoo_model, tmp_path_factory) -> Path:
+    return damage(zoo_model("tiny-qwen3"), tmp_path_factory.mktemp("damaged-mp") / "tiny-qwen3-damaged")
+
+
+@pytest.fixture(scope="session")
+def odd_qwen3(zoo_model, tmp_path_factory) -> Path:
+    """SmolLM2's problem in miniature: hidden 192 (a multiple of 64, not of 128) and intermediate
+    200 (a multiple of no candidate group size)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from quantkit.export.files import copy_sidecar_files
+
+    source = zoo_model("tiny-qwen3")
+    output = tmp_path_factory.mktemp("odd") / "odd-qwen3"
+    config = json.loads((source / "config.json").read_text())
+    config.update(
+        hidden_size=192, intermediate_size=200, num_attention_heads=3, num_key_value_heads=1, head_dim=64
+    )
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(**{k: v for k, v in config.items() if k != "architectures"}))
+    model.to(torch.bfloat16)
+    model.save_pretrained(output)
+    copy_sidecar_files(source, output)
+    return output
+
+
+def synthetic_table(names: list[str], scores: dict[str, float], params: dict[str, int]) -> SensitivityTable:
+    rows = [
+        SensitivityRow(
+            name=n, layers=[n], params=params[n], kl=scores.get(n, 0.0), top1=1.0, rel_logit_mse=0.0
+        )
+        for n in names
+    ]
+    for rank, row in enumerate(sorted(rows, key=lambda r: -r.kl), start=1):
+        row.rank = rank
+    return SensitivityTable("m", "a", {}, "layer", "replay", 1, ["x"], 1, 1, rows)
+
+
+# ------------------------------------------------------------------------------ group size
+
+
+def test_group_size_is_the_largest_candidate_that_divides_every_layer():
+    assert choose_group_size({"a": 576, "b": 1536}).group_size == 64  # SmolLM2-135M
+    assert choose_group_size({"a": 256, "b": 512}).group_size == 128
+    odd = choose_group_size({"a": 192, "b": 200})
+    assert (odd.group_size, odd.unfit) == (64, {"b": 200})
+    assert "no candidate divides stay at 8 bits: b (200)" in odd.describe()
+    none = choose_group_size({"a": 100})
+    assert (none.group_size, none.unfit) == (None, {"a": 100})
+    # non-nested candidates: the one that fits the most weights wins
+    shapes = {"a": 192, "b": 96, "c": 128}  # 96 divides a and b, 64 divides a and c
+    wide = choose_group_size(shapes, (96, 64), {"a": 1, "b": 10, "c": 1})
+    assert (wide.group_size, wide.unfit) == (96, {"c": 128})
+    assert choose_group_size(shapes, (96, 64), {"a": 1, "b": 1, "c": 10}).unfit == {"b": 96}
+
+
+def test_fusion_units_follow_vllm_fused_layers():
+    names = [
+        "model.layers.0.self_attn.q_proj",
+        "model.layers.0.self_attn.k_proj",
+        "model.layers.0.self_attn.v_proj",
+        "model.layers.0.self_attn.o_proj",
+        "model.layers.0.mlp.gate_proj",
+        "model.layers.0.mlp.up_proj",
+        "model.layers.0.mlp.down_proj",
+        "model.layers.1.mlp.experts.3.gate_proj",
+        "model.layers.1.mlp.experts.7.down_proj",
+    ]
+    units = fusion_units(names)
+    assert list(units) == [
+        "model.layers.0.self_attn.qkv_proj",
+        "model.layers.0.self_attn.o_proj",
+        "model.layers.0.mlp.gate_up_proj",
+        "model.layers.0.mlp.down_proj",
+        "model.layers.1.mlp.experts",
+    ]
+    assert fusion_unit("model.layers.1.mlp.experts.7.down_proj") == "model.layers.1.mlp.experts"
+
+
+def test_patterns_match_the_unit_under_every_loader_naming():
+    units = {
+        "model.layers.2.self_attn.qkv_proj": [f"model.layers.2.self_attn.{p}_proj" for p in "qkv"],
+        "model.layers.2.mlp.down_proj": ["model.layers.2.mlp.down_proj"],
+        "model.layers.1.mlp.experts": ["model.layers.1.mlp.experts.0.up_proj"],
+    }
+    from quantkit.models.adapters import matches_any
+
+    patterns = unit_patterns(list(units), units, "model")
+    hits = [
+        "model.layers.2.self_attn.q_proj",  # transformers (text)
+        "language_model.model.layers.2.self_attn.k_proj",  # vLLM (Qwen-VL)
+        "model.language_model.layers.2.self_attn.v_proj",  # transformers (Qwen3-VL)
+        "thinker.model.layers.2.mlp.down_proj",  # Omni serving layout
+        "model.layers.2.mlp.down_proj",
+        "model.layers.1.mlp.experts",  # vLLM's FusedMoE layer
+        "model.layers.1.mlp.experts.5.gate_proj",
+    ]
+    misses = [
+        "model.layers.12.self_attn.q_proj",
+        "model.layers.2.self_attn.o_proj",
+        "model.layers.2.mlp.down_proj_extra",
+        "model.layers.2.mlp.up_proj",
+        "model.layers.1.mlp.gate",
+        "model.xlayers.2.mlp.down_proj",
+    ]
+    assert all(matches_any(n, patterns) for n in hits), patterns
+    assert not any(matches_any(n, patterns) for n in misses), patterns
+
+
+# ------------------------------------------------------------------------------ the budget
+
+
+def test_budget_is_respected_and_follows_the_ranking(zoo_model):
+    model_dir = zoo_model("tiny-qwen3")
+    adapter = adapter_for(model_dir)
+    model = adapter.meta_model(model_dir)
+    names = resolve_targets(model, adapter).quantize
+    params = {n: model.get_submodule(n).weight.numel() for n in names}
+    scores = {
+        "model.layers.1.mlp.down_proj": 1.0,  # 131k weights
+        "model.layers.3.self_attn.o_proj": 0.9,  # 65k: more KL per promoted bit
+        "model.layers.0.mlp.gate_proj": 0.5,
+        "model.layers.0.mlp.up_proj": 0.5,  # gate/up promoted together (393k with gate)
+    }
+    table = synthetic_table(names, scores, params)
+    recipe = get_recipe("w4a16")
+    for avg in (4.1, 4.25, 4.5, 5.0, 6.0):
+        result = plan_precision(model, names, recipe, avg_bits=avg, sensitivity=table, root="model")
+        assert result.avg_bits <= avg + 1e-9, (avg, result.avg_bits)
+        for unit in result.units:  # fused shards share their bits
+            assert len({n in result.high for n in unit.layers}) == 1
+    at = plan_precision(model, names, recipe, avg_bits=4.5, sensitivity=table, root="model")
+    assert set(at.high) == {"model.layers.3.self_attn.o_proj", "model.layers.1.mlp.down_proj"}
+    assert at.avg_bits == pytest.approx(4 + 4 * (65536 + 131072) / sum(params.values()))
+    assert at.effective_bits > at.avg_bits  # scales
+    wide = plan_precision(model, names, recipe, avg_bits=5.0, sensitivity=table, root="model")
+    assert {"model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj"} <= set(wide.high)
+    full = plan_precision(model, names, recipe, avg_bits=8.0, sensitivity=table, root="model")
+    assert set(full.high) == set(scores) | {"model.layers.0.mlp.up_proj"}  # zero-KL layers stay at 4
+    with_scales = plan_precision(
+        model, names, recipe, avg_bits=4.5, sensitivity=table, root="model", count_overhead=True
+    )
+    assert with_scales.effective_bits <= 4.5 and len(with_scales.high) < len(at.high) + 1
+    for bad in (3.5, 4.0, 9.0):
+        with pytest.raises(InputError, match="must lie in"):
+            plan_precision(model, names, recipe, avg_bits=bad, sensitivity=table)
+    wrong = synthetic_table(names[:-1], scores, params)
+    with pytest.raises(InputError, match="does not cover 1 targeted layer"):
+        plan_precision(model, names, recipe, avg_bits=4.5, sensitivity=wrong)
+
+
+# ------------------------------------------------------------------------------ odd shapes
+
+
+def test_odd_shapes_pick_group_64_and_keep_unfit_layers_at_8_bits(odd_qwen3, tmp_path):
+    """The old early refusal is gone: group 64 for the 192-wide layers, down_proj (200 in-features,
+    no candidate divides it) at 8 bits, reported in the plan, quantkit.json and the card."""
+    samples = text_samples()
+    dry = plan(odd_qwen3, get_recipe("w4a16"), samples)
+    assert dry.group_size == 64
+    assert sorted(dry.precision["high"]) == [f"model.layers.{i}.mlp.down_proj" for i in range(4)]
+    assert all("in-features 200" in why for why in dry.precision["high"].values())
+
+    result = quantize(odd_qwen3, tmp_path / "out", get_recipe("w4a16"), samples, progress=False)
+    precision = result.precision
+    assert precision.group_size == 64 and set(precision.high) == set(dry.precision["high"])
+    metadata = json.loads((result.output / "quantkit.json").read_text())
+    assert metadata["resolved_scheme"]["weights"]["group_size"] == 64
+    assert metadata["precision"]["avg_bits"] == pytest.approx(precision.avg_bits, abs=1e-4)
+    card = (result.output / "README.md").read_text()
+    assert (
+        "## Precision" in card and "group size 64" in card and "no group size in 128, 64, 32 divides" in card
+    )
+    on_disk = tensors(result.output)
+    assert on_disk["model.layers.0.mlp.down_proj.weight_packed"] == (192, 200 // 4)  # 8-bit: 4 per int32
+    assert on_disk["model.layers.0.mlp.gate_proj.weight_packed"] == (200, 192 // 8)  # 4-bit: 8 per int32
+    assert on_disk["model.layers.0.mlp.gate_proj.weight_scale"] == (200, 192 // 64)
+    model = adapter_for(result.output).load_model(result.output, dtype=torch.bfloat16)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    assert torch.isfinite(model(input_ids=ids).logits).all()
+
+    # A group size that divides nothing: every layer 8-bit, or a budget refused before any work.
+    strict = Recipe.model_validate({**get_recipe("w4a16").model_dump(), "group_size": 128})
+    assert set(plan(odd_qwen3, strict, samples).precision["high"]) == set(
+        resolve_targets(adapter_for(odd_qwen3).meta_model(odd_qwen3), adapter_for(odd_qwen3)).quantize
+    )
+    with pytest.raises(InputError, match="already need 8.000 bits"):
+        quantize(odd_qwen3, tmp_path / "refused", strict, samples, avg_bits=4.5, progress=False)
+    assert not (tmp_path / "refused").exists()
+
+
+# ------------------------------------------------------------------------------ end to end
+
+
+@pytest.fixture(scope="session")
+def mixed_checkpoints(damaged_qwen3, tmp_path_factory):
+    """The damaged model quantized three ways: plain W4A16, --avg-bits 4.5 (ranking measured by
+    quantize itself), and the same with W8A8 for the promoted layers."""
+    root = tmp_path_factory.mktemp("mixed")
+    samples = text_samples()
+    recipe = get_recipe("w4a16")
+    w8a8 = Recipe.model_validate({**recipe.model_dump(), "promoted_scheme": "W8A8"})
+    return {
+        "plain": quantize(damaged_qwen3, root / "plain", recipe, samples, progress=False),
+        "mixed": quantize(damaged_qwen3, root / "mixed", recipe, samples, avg_bits=4.5, progress=False),
+        "w8a8": quantize(damaged_qwen3, root / "w8a8", w8a8, samples, avg_bits=4.5, progress=False),
+    }
+
+
+def test_mixed_checkpoint_keeps_the_damaged_layer_at_8_bits(mixed_checkpoints, damaged_qwen3):
+    result = mixed_checkpoints["mixed"]
+    precision = result.precision
+    assert DAMAGED in precision.high and precision.high[DAMAGED].startswith("sensitive: rank 1 ")
+    assert precision.avg_bits <= 4.5 and precision.avg_bits > 4.0
+    assert result.stage_times_s["sensitivity"] > 0 and result.sensitivity.ranked()[0].name == DAMAGED
+    assert result.checkpoint_format == "pack-quantized"
+
+    config = json.loads((result.output / "config.json").read_text())["quantization_config"]
+    groups = config["config_groups"]
+    assert groups["group_1"]["targets"] == ["Linear"] and groups["group_1"]["weights"]["num_bits"] == 4
+    assert (
+        groups["group_0"]["weights"]["num_bits"] == 8
+        and groups["group_0"]["weights"]["strategy"] == "channel"
+    )
+    assert groups["group_0"]["targets"] == precision.high_patterns
+    on_disk = tensors(result.output)
+    assert on_disk[DAMAGED + ".weight_packed"] == (256, 512 // 4)
+    assert on_disk["model.layers.2.mlp.up_proj.weight_packed"] == (512, 256 // 8)
+
+    from quantkit.verify.audit import audit_checkpoint
+
+    for name in ("mixed", "w8a8"):  # config groups, tensors and architecture agree
+        audit = audit_checkpoint(mixed_checkpoints[name].output)
+        assert audit.passed, [c for c in audit.to_dict()["checks"] if not c.get("passed", True)]
+
+    metadata = json.loads((result.output / "quantkit.json").read_text())
+    assert metadata["precision"]["avg_bits_requested"] == 4.5
+    assert DAMAGED in metadata["precision"]["high"]
+    assert metadata["precision"]["sensitivity"]["samples"] == len(text_samples())
+    card = (result.output / "README.md").read_text()
+    assert "--avg-bits 4.5 (met: yes)" in card and "model.layers.2.mlp.down_proj" in card
+
+    # Reloads with transformers (no "Could not match" surprises: every layer gets its planned bits)
+    # and is closer to the original than plain W4A16 on the same damaged model.
+    adapter = adapter_for(damaged_qwen3)
+    processor = adapter.load_processor(damaged_qwen3)
+    from quantkit.models.inputs import processor_inputs
+
+    inputs = processor_inputs(processor, text_samples()[0])
+    with torch.no_grad():
+        reference = adapter.load_model(damaged_qwen3, dtype=torch.float32)(**inputs).logits
+    errors = {}
+    for name in ("plain", "mixed", "w8a8"):
+        model = adapter_for(mixed_checkpoints[name].output).load_model(
+            mixed_checkpoints[name].output, dtype=torch.float32
+        )
+        assert model.get_submodule(DAMAGED).quantization_scheme.weights.num_bits == (
+            4 if name == "plain" else 8
+        )
+        with torch.no_grad():
+            logits = model(**inputs).logits
+        assert torch.isfinite(logits).all()
+        errors[name] = float((logits - reference).pow(2).mean() / reference.pow(2).mean())
+    print(f"\nrelative logit MSE on the damaged model: {errors}")
+    assert errors["mixed"] < errors["plain"] and errors["w8a8"] < errors["plain"]
+
+
+def test_a_saved_sensitivity_table_drives_plan_and_quantize(damaged_qwen3, tmp_path):
+    table = sensitivity(damaged_qwen3, text_samples(), granularity="unit", progress=False)
+    path = save_table(table, tmp_path / "sensitivity.json")
+    dry = plan(damaged_qwen3, get_recipe("w4a16"), text_samples(), avg_bits=4.5, sensitivity=path)
+    assert DAMAGED in dry.precision["high"] and dry.precision["avg_bits"] <= 4.5
+    undecided = plan(damaged_qwen3, get_recipe("w4a16"), text_samples(), avg_bits=4.5)
+    assert not undecided.precision["high"] and "no sensitivity ranking yet" in undecided.precision["notes"][0]
+    with pytest.raises(InputError, match="--avg-bits applies to 4-bit weight recipes"):
+        plan(damaged_qwen3, get_recipe("fp8-dynamic"), [], avg_bits=4.5)
+
+
+def test_asymmetric_group_32_writes_zero_points(zoo_model, tmp_path):
+    recipe = Recipe(
+        name="asym", hardware="any", scheme="W4A16", method="gptq", group_size=32, symmetric=False
+    )
+    result = quantize(zoo_model("tiny-qwen3"), tmp_path / "asym", recipe, text_samples(), progress=False)
+    config = json.loads((result.output / "config.json").read_text())["quantization_config"]
+    (group,) = config["config_groups"].values()
+    assert (group["weights"]["group_size"], group["weights"]["symmetric"]) == (32, False)
+    on_disk = tensors(result.output)
+    assert on_disk["model.layers.0.mlp.down_proj.weight_zero_point"][1] == 512 // 32
+    assert result.metadata["resolved_scheme"]["weights"]["symmetric"] is False
+    model = adapter_for(result.output).load_model(result.output, dtype=torch.bfloat16)
+    assert torch.isfinite(model(input_ids=torch.tensor([[1, 2, 3]])).logits).all()
+
+
+# ------------------------------------------------------------------------------ recipe fields
+
+
+def test_gptq_settings_reach_the_modifier_through_config_groups():
+    recipe = Recipe(
+        name="x",
+        hardware="any",
+        scheme="W4A16",
+        method="gptq",
+        actorder="group",
+        dampening_frac=0.05,
+        group_size=64,
+    )
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    groups = {"group_0": preset_name_to_scheme("W8A16", ["re:.*down_proj$"])}
+    (modifier,) = build_modifiers(recipe, targets=["Linear"], ignore=["lm_head"], config_groups=groups)
+    assert (modifier.actorder, modifier.dampening_frac) == ("group", 0.05)
+    resolved = modifier.resolve_quantization_config()
+    assert resolved.config_groups["group_0"].weights.actorder == "group"
+    default = build_modifiers(get_recipe("w4a16"), targets=["Linear"], ignore=[])[0]
+    assert default.resolve_quantization_config().config_groups["group_0"].weights.actorder == "static"
+    assert resolved_scheme(recipe)["weights"]["group_size"] == 64
+    assert resolved_scheme(recipe)["gptq"] == {"actorder": "group", "dampening_frac": 0.05}
+
+
+@pytest.mark.parametrize(
+    "extra",
+    ["group_size: 64\n", "symmetric: false\n", "promoted_scheme: W8A8\n"],
+)
+def test_w4a16_only_fields_are_refused_elsewhere(tmp_path, extra):
+    from quantkit.recipes import load_recipe_file
+
+    path = tmp_path / "r.yaml"
+    path.write_text("name: r\nhardware: any\nscheme: FP8_DYNAMIC\nmethod: rtn\n" + extra)
+    with pytest.raises(InputError, match="only group-wise weight schemes"):
+        load_recipe_file(path)
+
+
+# ------------------------------------------------------------------------------ vLLM
+
+VLLM_SCHEMES = r"""
+import json, sys
+import torch
+from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import (
+    CompressedTensorsConfig,
+)
+config = json.load(open(sys.argv[1]))["quantization_config"]
+quant = CompressedTensorsConfig.from_config(config)
+quant.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+answer = {}
+for name in json.loads(sys.argv[2]):
+    found = quant.get_scheme_dict(torch.nn.Linear(1, 1), layer_name=name)
+    answer[name] = None if found is None else found["weights"].num_bits
+print("ANSWER" + json.dumps(answer))
+"""
+
+
+def vllm_or_skip() -> Path:
+    from quantkit.verify.vllm_check import vllm_python
+
+    python = vllm_python()
+    if python is None:
+        pytest.skip("no vLLM environment (make vllm-env)")
+    return python
+
+
+@pytest.mark.slow
+def test_vllm_resolves_the_config_groups_to_the_planned_bits(mixed_checkpoints):
+    """vLLM's own matcher (name first, fused q/k/v and gate/up shards together, then the class
+    "Linear"), on vLLM's fused layer names: 8 bits exactly for the promoted units."""
+    python = vllm_or_skip()
+    result = mixed_checkpoints["mixed"]
+    names = {unit.unit: unit.bits for unit in result.precision.units} | {"lm_head": None}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run(
+        [str(python), "-P", "-c", VLLM_SCHEMES, str(result.output / "config.json"), json.dumps(list(names))],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    answers = [line for line in run.stdout.splitlines() if line.startswith("ANSWER")]
+    assert answers, run.stderr[-3000:]
+    assert json.loads(answers[-1][len("ANSWER") :]) == names
+
+
+# vLLM's CPU backend implements weight-only int kernels for 4 bits only (CPUWNA16: uint4 / uint4b8);
+# an 8-bit weight-only layer finds no kernel at load. That is the one failure accepted here.
+NO_W8A16_CPU_KERNEL = "Failed to find a kernel that can implement the WNA16 linear layer"
+
+
+@pytest.mark.slow
+def test_vllm_loads_the_mixed_checkpoints(mixed_checkpoints):
+    from quantkit.verify.vllm_check import check_with_vllm
+
+    vllm_or_skip()
+    w8a8 = check_with_vllm(mixed_checkpoints["w8a8"].output)
+    print(f"\nW4A16 + W8A8: {w8a8.status} {w8a8.reason}")
+    assert mixed_checkpoints["w8a8"].checkpoint_format == "mixed-precision"
+    assert w8a8.status == "passed", w8a8.reason
+    w8a16 = check_with_vllm(mixed_checkpoints["mixed"].output)
+    print(f"W4A16 + W8A16: {w8a16.status} {w8a16.reason}")
+    if w8a16.status == "failed":
+        assert NO_W8A16_CPU_KERNEL in w8a16.reason, w8a16.reason
+    else:
+        assert w8a16.status in {"passed", "skipped"}, w8a16.reason
