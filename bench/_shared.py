@@ -144,3 +144,35 @@ def modality_mix(path: Path) -> dict[str, int]:
         for row in rows
     )
     return dict(sorted(kinds.items()))
+
+
+REAL_WEIGHTS_HEADING = "## Real weights: SmolLM2-135M"
+
+
+def read_section(path: Path, heading: str) -> str | None:
+    """The body of a ``## heading`` section of a markdown file (None if absent)."""
+    if not path.is_file():
+        return None
+    text = path.read_text(encoding="utf-8")
+    start = text.find(heading + "\n")
+    if start < 0:
+        return None
+    body_start = start + len(heading) + 1
+    end = text.find("\n## ", body_start)
+    return text[body_start : end + 1 if end >= 0 else len(text)].strip("\n")
+
+
+def replace_section(path: Path, heading: str, body: str) -> None:
+    """Rewrite one ``## heading`` section of a markdown file in place (appended if absent), so
+    that benchmarks run at different times share RESULTS.md."""
+    text = path.read_text(encoding="utf-8") if path.is_file() else "# Benchmark results\n"
+    block = f"{heading}\n\n{body.strip()}\n"
+    start = text.find(heading + "\n")
+    if start < 0:
+        text = text.rstrip("\n") + "\n\n" + block
+    else:
+        end = text.find("\n## ", start + len(heading))
+        text = text[:start] + block + (text[end:] if end >= 0 else "")
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    partial.replace(path)

@@ -31,7 +31,7 @@ sys.path.insert(0, str(BENCH))
 import cache_and_size  # noqa: E402
 import calibrate_bench  # noqa: E402
 import quantize_overhead  # noqa: E402
-from _shared import ROOT, child_env  # noqa: E402
+from _shared import REAL_WEIGHTS_HEADING, ROOT, child_env, read_section  # noqa: E402
 
 
 def machine() -> dict:
@@ -110,8 +110,18 @@ def yes(flag: bool) -> str:
 
 
 def render(
-    m: dict, v: dict, started: str, wall: float, loads: tuple[str, str], c: dict, q: dict, s: dict, gpu: str
+    m: dict,
+    v: dict,
+    started: str,
+    wall: float,
+    loads: tuple[str, str],
+    c: dict,
+    q: dict,
+    s: dict,
+    gpu: str,
+    real_weights: str | None = None,
 ) -> str:
+    """RESULTS.md; ``real_weights`` is the section bench/mixed_precision.py wrote (kept as is)."""
     pool = c["pool"]
     lines = [
         "# Benchmark results",
@@ -232,10 +242,11 @@ def render(
         f"(4 + 16/128) / 16 = 33/128 = **{s['w4a16_g128_floor']:.4f}x** (plus 16 bytes of `weight_shape` per layer). "
         "8-bit schemes: 0.5x plus one 16-bit scale per output channel (per-channel) or per tensor (static FP8).",
         "",
-        "## Real weights: SmolLM2-135M",
+        REAL_WEIGHTS_HEADING,
         "",
-        "_Placeholder: filled by `bench/real_weights.py` (not written yet: it needs `quantkit.zoo.real` and "
-        "`quantkit eval`). No figures here until it runs._",
+        real_weights
+        or "_Not measured yet: `make bench-real` (bench/mixed_precision.py, about 45 minutes on 2 cores) "
+        "writes this section._",
         "",
         "## GPU serving speed (vLLM)",
         "",
@@ -266,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         text = render(
             d["machine"], d["versions"], r["started"], r["wall_s"], tuple(r["load"]),
             d["calibrate"], d["quantize"], d["cache_and_size"], d["gpu"],
+            read_section(args.output, REAL_WEIGHTS_HEADING),
         )  # fmt: skip
         args.output.write_text(text, encoding="utf-8")
         return 0
@@ -289,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     gpu = gpu_section()
     print(gpu, flush=True)
     wall = time.perf_counter() - started
-    text = render(m, v, started_at, wall, (load_before, load()), c, q, s, gpu)
+    real_weights = read_section(args.output, REAL_WEIGHTS_HEADING)  # a separate, longer bench
+    text = render(m, v, started_at, wall, (load_before, load()), c, q, s, gpu, real_weights)
     args.output.write_text(text, encoding="utf-8")
     if args.json:
         payload = {

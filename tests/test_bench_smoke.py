@@ -52,3 +52,23 @@ def test_gpu_bench_renders_prompts_without_vllm(zoo_model):
     assert "<|image_pad|>" in lines["bf16 image"]
     assert "<|video_pad|>" in lines["bf16 video_long"] and "max_tokens=4096" in lines["bf16 video_long"]
     assert "takes no such input" in lines["bf16 audio"]  # a vision-language model: no audio row
+
+
+def test_results_sections_are_replaced_in_place(tmp_path):
+    """bench/run_all.py and bench/mixed_precision.py write different sections of one RESULTS.md;
+    neither may erase the other's."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        from _shared import read_section, replace_section
+    finally:
+        sys.path.remove(str(BENCH))
+    results = tmp_path / "RESULTS.md"
+    results.write_text(
+        "# Benchmark results\n\n## Calibrate\n\nratio 5.5\n\n## Real weights\n\nold\n\n## GPU\n\nskipped\n"
+    )
+    replace_section(results, "## Real weights", "| run | ppl |\n|---|---|\n| w4a16 | 46.98 |")
+    text = results.read_text()
+    assert "ratio 5.5" in text and "skipped" in text and "old" not in text
+    assert read_section(results, "## Real weights") == "| run | ppl |\n|---|---|\n| w4a16 | 46.98 |"
+    replace_section(results, "## Sizes", "0.258x")  # a section not there yet is appended
+    assert read_section(results, "## Sizes") == "0.258x" and read_section(results, "## GPU") == "skipped"

@@ -125,3 +125,21 @@ def test_scale_out_options_refused_where_they_cannot_apply(zoo_model, tmp_path, 
     )
     assert result.exit_code == 2, result.output
     assert message in result.output and not (tmp_path / "o").exists()
+
+
+def test_two_ranks_share_one_sensitivity_ranking(vl_calibration, tmp_path):
+    """--avg-bits under --nproc: rank 0 measures the ranking, every rank plans from it (the
+    config groups must agree, or the collective compression would not line up), budget kept."""
+    model, calib = vl_calibration
+    result = runner.invoke(
+        app,
+        ["quantize", str(model), "--recipe", "w4a16", "--calib", str(calib), "--cache-dir", str(tmp_path / "cache"),
+         "--output", str(tmp_path / "mixed"), "--nproc", "2", "--avg-bits", "4.5", "--group-size", "32"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    meta = json.loads((tmp_path / "mixed" / "quantkit.json").read_text())
+    precision = meta["precision"]
+    assert meta["world_size"] == 2
+    assert 4.0 < precision["avg_bits"] <= 4.5 and precision["high"]
+    config = json.loads((tmp_path / "mixed" / "config.json").read_text())["quantization_config"]
+    assert {group["weights"]["num_bits"] for group in config["config_groups"].values()} == {4, 8}
