@@ -15,12 +15,16 @@ Runs (each a separate checkpoint; a finished one is reused on the next invocatio
   rtn-g64-4.5-fisher   density rule on the Fisher-estimated ranking (what quantize measures itself)
   plain-gptq-g64       llmcompressor GPTQModifier, W4A16 group 64 on "Linear" minus lm_head,
                        raw token windows (the baseline of notes/feasibility.md)
+  plain-gptq-g64-chat  the same on the windows rendered as chat turns, as quantkit calibrates (the
+                       data format alone, separated from quantkit)
   quantkit-w4a16       quantkit quantize, recipe w4a16 (group size chosen: 64 here)
   quantkit-w4a16-4.5   the same with --avg-bits 4.5 (sensitivity measured first, cost reported)
   quantkit-asym-g32    W4A16 asymmetric, group 32 (the GGUF's own grid is asymmetric, group 32)
   quantkit-asym-g32-4.5  both (with --all; ranked by the symmetric g64 table, not re-measured)
   quantkit-asym-g64, quantkit-asym-g64-4.5
                        asymmetric group 64 (4.31 bits with scales and zero points), and with --avg-bits
+  quantkit-asym-g64-4.5-auto
+                       the same, ranked the way quantize does without a table (Fisher estimate, timed)
   quantkit-w8a8-sq-gptq, quantkit-fp8, quantkit-fp8-dynamic
                        the 8-bit recipes as shipped (against the notes' +1.2% / +2.6%)
 
@@ -74,6 +78,8 @@ ALL_RUNS = [
     "quantkit-asym-g32-4.5",
     "quantkit-asym-g64",
     "quantkit-asym-g64-4.5",
+    "quantkit-asym-g64-4.5-auto",
+    "plain-gptq-g64-chat",
     *EIGHT_BIT_RUNS,
 ]
 
@@ -252,6 +258,7 @@ def plain_gptq(folder: Path, calib: list[torch.Tensor], output: Path) -> dict:
     from llmcompressor.modifiers.quantization import GPTQModifier
     from transformers import AutoModelForCausalLM
 
+    from quantkit.export import copy_sidecar_files
     from quantkit.quantize.run import set_saved_dtype
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
@@ -268,12 +275,23 @@ def plain_gptq(folder: Path, calib: list[torch.Tensor], output: Path) -> dict:
         dataset=data,
         recipe=[modifier],
         num_calibration_samples=len(calib),
-        max_seq_length=WINDOW,
+        max_seq_length=max(len(w) for w in calib),
     )
     wall = time.perf_counter() - started
     set_saved_dtype(model, torch.bfloat16)
     model.save_pretrained(output, save_compressed=True)
+    copy_sidecar_files(folder, output)  # the tokenizer, so that `quantkit eval` can run it too
     return {"oneshot_s": round(wall, 1), "avg_bits": 4.0, "effective_bits": 4.25}
+
+
+def chat_windows(tokenizer, calib: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Each window as one user turn through the chat template: what quantkit_run feeds quantize."""
+    rendered = []
+    for window in calib:
+        messages = [{"role": "user", "content": tokenizer.decode(window)}]
+        ids = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
+        rendered.append(torch.tensor(ids))
+    return rendered
 
 
 def quantkit_run(
@@ -395,6 +413,7 @@ HARNESS_RUNS = [
     "quantkit-w4a16",
     "quantkit-w4a16-4.5",
     "quantkit-asym-g64-4.5",
+    "quantkit-asym-g64-4.5-auto",
     *EIGHT_BIT_RUNS,
 ]
 HARNESS_TASK = "quantkit_prose_ppl"
@@ -631,6 +650,8 @@ def main() -> None:
         else:
             if name == "plain-gptq-g64":
                 info = plain_gptq(folder, calib, output)
+            elif name == "plain-gptq-g64-chat":
+                info = plain_gptq(folder, chat_windows(tokenizer, calib), output)
             else:
                 if name in EIGHT_BIT_RUNS:
                     recipe = get_recipe(name.removeprefix("quantkit-"))
@@ -643,9 +664,9 @@ def main() -> None:
                     calib,
                     output,
                     recipe=recipe,
-                    avg_bits=AVG_BITS if name.endswith("4.5") else None,
+                    avg_bits=AVG_BITS if "-4.5" in name else None,
                     # asym-g32-4.5 reuses the g64 ranking (measuring again costs as much as a GPTQ run)
-                    sensitivity=table if name.endswith("4.5") else None,
+                    sensitivity=table if name.endswith("4.5") else None,  # -auto: measured inside
                 )
             row = {**info, **score(load_checkpoint(output), ref)}
         row["run_s"] = round(time.perf_counter() - clock, 1)

@@ -334,6 +334,12 @@ def test_asymmetric_group_32_writes_zero_points(zoo_model, tmp_path):
     model = adapter_for(result.output).load_model(result.output, dtype=torch.bfloat16)
     assert torch.isfinite(model(input_ids=torch.tensor([[1, 2, 3]])).logits).all()
 
+    from quantkit.verify.vllm_check import check_with_vllm, vllm_python
+
+    if vllm_python() is not None:  # zero points: vLLM's WNA16 kernels take them (CPU: AVX-512)
+        served = check_with_vllm(result.output)
+        assert served.status in {"passed", "skipped"}, served.reason  # skipped: no kernel on this CPU
+
 
 # ------------------------------------------------------------------------------ recipe fields
 
