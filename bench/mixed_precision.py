@@ -498,14 +498,19 @@ def verdicts(runs: dict, reference: dict) -> list[str]:
     ]
     budget += [n for n, r in done.items() if (r.get("avg_bits") or 99) <= AVG_BITS and "asym" in n]
     goal("W4A16 at <= 4.5 average weight bits, perplexity change <= +15%", budget, 15.0)
-    if "plain-gptq-g64" in done:
-        plain = _change(done["plain-gptq-g64"], reference)
-        for name in ("quantkit-w4a16", "quantkit-w4a16-4.5"):
+    for baseline, what in (
+        ("plain-gptq-g64", "raw windows"),
+        ("plain-gptq-g64-chat", "the same chat-rendered windows"),
+    ):
+        if baseline not in done:
+            continue
+        plain = _change(done[baseline], reference)
+        for name in ("quantkit-w4a16", "quantkit-w4a16-4.5", "quantkit-asym-g64-4.5-auto"):
             if name in done:
                 ours = _change(done[name], reference)
                 verdict = "not worse" if ours <= plain else f"worse by {ours - plain:.1f} points"
                 lines.append(
-                    f"- {name} against plain llmcompressor GPTQ g64 ({plain:+.1f}%): {ours:+.1f}% ({verdict})"
+                    f"- {name} against plain llmcompressor GPTQ g64 on {what} ({plain:+.1f}%): {ours:+.1f}% ({verdict})"
                 )
     return lines
 
