@@ -426,3 +426,19 @@ def test_load_rejects_folder_that_is_not_a_set(tmp_path):
     (tmp_path / "x").mkdir()
     with pytest.raises(InputError, match="not a quantkit calibration set"):
         load_calibration_set(tmp_path / "x")
+
+
+def test_sample_lines_are_exactly_the_json_of_their_rows(demo_pool):
+    """samples.jsonl lines are assembled from JSON pieces for speed; each must equal the plain
+    json.dumps of the row that _row describes (sorted keys, non-ASCII kept)."""
+    from quantkit.calibset.build import _dumps, _row, _RowJson
+    from quantkit.pool.reader import read_pool
+    from quantkit.taxonomy import load_taxonomy
+
+    taxonomy = load_taxonomy()
+    pool = read_pool([demo_pool], taxonomy)
+    assemble = _RowJson(taxonomy)
+    assert pool.records
+    for index, record in enumerate(pool.records):
+        tokens = None if index % 3 == 0 else 100 + index  # with and without a token count
+        assert assemble(record, tokens) == _dumps(_row(record, taxonomy, tokens))

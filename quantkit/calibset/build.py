@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import defaultdict
 from collections.abc import Callable
@@ -147,9 +148,12 @@ def build_calibration_set(
         by_stratum: dict[str, list[PoolRecord]] = defaultdict(list)
         for record in records:
             by_stratum[record.stratum].append(record)
-        by_id = attrgetter("record_id", "source", "line")
+        by_id, record_id = attrgetter("record_id", "source", "line"), attrgetter("record_id")
         for members in by_stratum.values():
-            members.sort(key=by_id)
+            # The order is by (record_id, source, line); with distinct ids, the id alone gives it.
+            members.sort(key=record_id)
+            if len(set(map(record_id, members))) != len(members):
+                members.sort(key=by_id)
         weights = {s: taxonomy.weight(taxonomy.resolve(m[0].task)) for s, m in by_stratum.items()}
         available = {s: len(m) for s, m in by_stratum.items()}
         if len(records) < options.size:
@@ -164,7 +168,8 @@ def build_calibration_set(
             for record in choose(by_stratum[stratum], counts[stratum], seed=options.seed, stratum=stratum)
         ]
 
-        rows = [_row(record, taxonomy, tokens.get(id(record))) for record in selected]
+        row_json = _RowJson(taxonomy)
+        rows = [row_json(record, tokens.get(id(record))) for record in selected]
         report = summarize(
             taxonomy=taxonomy,
             pool=pool,
@@ -195,13 +200,46 @@ def build_calibration_set(
             samples_path = staging / SAMPLES_FILE
             with open(samples_path, "w", encoding="utf-8") as handle:
                 for row in rows:
-                    handle.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
+                    handle.write(row + "\n")
             report["samples_sha256"] = sha256_file(samples_path)
             (staging / REPORT_FILE).write_text(
                 json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8"
             )
             write_report_markdown(report, staging / "report.md")
     return CalibrationSetResult(output=output, report=report, notes=notes)
+
+
+_dumps = functools.partial(json.dumps, ensure_ascii=False, sort_keys=True)
+_json_str = json.encoder.encode_basestring  # _dumps of a str
+
+
+class _RowJson:
+    """A sample's line of samples.jsonl: ``_dumps(_row(record, taxonomy, tokens))``, assembled from
+    the record's JSON pieces (its payload's fields) and the JSON of the fields its stratum decides,
+    computed once per stratum; the keys in sorted order, as ``sort_keys`` writes them."""
+
+    def __init__(self, taxonomy: Taxonomy) -> None:
+        self.taxonomy = taxonomy
+        self.strata: dict[tuple[str, str, str], tuple[str, str, str, str, str]] = {}
+
+    def __call__(self, record: PoolRecord, tokens: int | None) -> str:
+        key = (record.task, record.modality, record.bucket)
+        parts = self.strata.get(key)
+        if parts is None:
+            task = self.taxonomy.resolve(record.task)
+            parts = self.strata[key] = (
+                ', "bucket": ' + _dumps(record.bucket) + ', "family": ' + _dumps(task.family) + ', "id": ',
+                ', "modality": ' + _dumps(record.modality) + ', "source": ',
+                ', "stratum": ' + _dumps(record.stratum) + ', "task": ',
+                ', "tier": ' + _dumps(task.tier) + ', "tokens": ',
+                ', "weight": ' + _dumps(self.taxonomy.weight(task)) + "}",
+            )
+        audios, images, task_json, videos = record.frame[3:]
+        return (
+            '{"audios": ' + audios + parts[0] + _json_str(record.record_id) + ', "images": ' + images
+            + ', "messages": ' + record.text_key + parts[1] + _json_str(f"{record.source}:{record.line}")
+            + parts[2] + task_json + parts[3] + _dumps(tokens) + ', "videos": ' + videos + parts[4]
+        )  # fmt: skip
 
 
 def _row(record: PoolRecord, taxonomy: Taxonomy, tokens: int | None) -> dict:

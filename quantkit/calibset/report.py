@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections import Counter
 from operator import attrgetter, itemgetter
 from pathlib import Path
-from types import SimpleNamespace
 
 from quantkit.pool import PoolReadResult, PoolRecord
+from quantkit.pool.reader import stratum_name
 from quantkit.taxonomy import Taxonomy, task_lookup
 
 _KEY = attrgetter("task", "modality", "bucket")  # what a stratum is made of
@@ -16,8 +16,7 @@ _KEY = attrgetter("task", "modality", "bucket")  # what a stratum is made of
 
 def _stratum_name(key: tuple[str, str, str]) -> str:
     """PoolRecord.stratum for a (task, modality, bucket) key."""
-    task, modality, bucket = key
-    return PoolRecord.stratum.fget(SimpleNamespace(task=task, modality=modality, bucket=bucket))
+    return stratum_name(*key)
 
 
 def _breakdown(pool: Counter, selected: Counter, label, total: int) -> list[dict]:

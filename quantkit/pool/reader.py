@@ -51,16 +51,28 @@ class PoolRecord:
     bucket: str
     source: str  # the pool file
     line: int
-    payload: str  # JSON of {id, task, messages, images, videos, audios} to write if selected
+    # The payload's JSON around the id and the messages (head, middle, tail), then the JSON of its
+    # audios, images, task and videos; shared by the records of a media combination and task.
+    frame: tuple[str, str, str, str, str, str, str]
     media: tuple[str, ...]  # absolute media paths, for the duplicate check
-    text_key: str  # hash of the messages' text
+    text_key: str  # the messages' normalised JSON: their text, for the duplicate check
+    stratum: str  # stratum_name(task, modality, bucket), shared by the records of a combination
     image_tokens: int = 0
     video_seconds: float = 0.0
     audio_seconds: float = 0.0
 
     @property
-    def stratum(self) -> str:
-        return f"{self.task}|{self.modality}|{self.bucket}"
+    def payload(self) -> str:
+        """JSON of {id, task, messages, images, videos, audios} to write if selected: what
+        ``json.dumps(..., sort_keys=True, ensure_ascii=False)`` gives. Assembled on demand, since
+        only the selected records need it."""
+        head, middle, tail = self.frame[:3]
+        return head + _json_str(self.record_id) + middle + self.text_key + tail
+
+
+def stratum_name(task: str, modality: str, bucket: str) -> str:
+    """A record's stratum: task x modality x size bucket."""
+    return f"{task}|{modality}|{bucket}"
 
 
 @dataclass(frozen=True)
@@ -150,8 +162,11 @@ class _MediaProbe:
 # text key) is assembled from pieces with it, byte-identical to dumping the dicts with sort_keys.
 _json_str = json.encoder.encode_basestring
 _dumps = functools.partial(json.dumps, ensure_ascii=False)
-_decode_json = json.JSONDecoder().decode  # json.loads(str) with default settings
+_decoder = json.JSONDecoder()
+_decode_json = _decoder.decode  # json.loads(str) with default settings
+_scan_json = _decoder.scan_once  # what decode runs at the text's first value
 _ROLE_JSON = {alias: _json_str(role) for alias, role in ROLE_ALIASES.items()}
+_ROLE_TAIL = {alias: ', "role": ' + role + "}" for alias, role in _ROLE_JSON.items()}  # a turn's JSON end
 if PLACEHOLDER.pattern != "<(image|video|audio)>":  # _messages_json counts these literals
     raise RuntimeError(f"quantkit.chat.PLACEHOLDER changed ({PLACEHOLDER.pattern}): update _messages_json")
 
@@ -238,11 +253,13 @@ class _Derived:
     image_tokens: int
     video_seconds: float
     audio_seconds: float
-    payload_head: str  # '{"audios": [...], "id": '
-    payload_middle: str  # ', "images": [...], "messages": '
-    videos_json: str  # absolute paths
+    audios_json: str  # absolute paths
+    images_json: str
+    videos_json: str
     relative_json: tuple[str, str, str]  # images, videos, audios: for the derived id
-    tails: dict[str, str] = field(default_factory=dict)  # task -> ', "task": ..., "videos": [...]}'
+    # task -> (PoolRecord.frame, PoolRecord.stratum, whether the task lists the modality, the
+    # canonical JSON before and after the messages for a derived id)
+    tails: dict[str, tuple[tuple[str, ...], str, bool, str, str]] = field(default_factory=dict)
 
 
 class _RecordParser:
@@ -333,8 +350,8 @@ class _RecordParser:
             image_tokens=tokens,
             video_seconds=round(video_s, 3),
             audio_seconds=round(audio_s, 3),
-            payload_head='{"audios": ' + _dumps(absolute[2]) + ', "id": ',
-            payload_middle=', "images": ' + _dumps(absolute[0]) + ', "messages": ',
+            audios_json=_dumps(absolute[2]),
+            images_json=_dumps(absolute[0]),
             videos_json=_dumps(absolute[1]),
             relative_json=relative,
         )
@@ -366,26 +383,60 @@ class _RecordParser:
         )
         media_key = _media_key
 
+        role_tail = _ROLE_TAIL
+
         def parse(record: object, line: int) -> tuple[PoolRecord, bool]:
-            if not isinstance(record, dict):
+            if record.__class__ is not dict and not isinstance(record, dict):
                 raise RecordError("a record must be a JSON object")
-            messages_json, counts = messages_json_of(record)
-            task_name = record.get(task_field)
-            if not isinstance(task_name, str) or not task_name:
-                raise RecordError(f"missing field '{task_field}' (the task name)")
-            task = tasks.get(task_name)
-            if task is None:
-                raise RecordError(f"unknown task {task_name!r}; {_suggest(task_name, taxonomy)}")
+            # The messages: _messages_json's fast path, inline; anything unusual (an error
+            # included) goes through _messages_json itself.
+            get = record.get
+            raw = get("messages")
+            if raw.__class__ is list and raw:
+                role_key, text_key = "role", "content"
+            elif raw is None and "messages" not in record:
+                raw = get("conversations")
+                role_key, text_key = "from", "value"
+            else:
+                raw = None
+            messages_json = None
+            if raw.__class__ is list and raw:
+                parts = []
+                images = videos = audios = 0
+                try:
+                    for turn in raw:
+                        tail = role_tail[turn[role_key]]
+                        text = turn[text_key]
+                        if text.__class__ is not str:
+                            raise TypeError
+                        if "<" in text:  # see _messages_json
+                            images += text.count("<image>")
+                            videos += text.count("<video>")
+                            audios += text.count("<audio>")
+                        parts.append(f'{{"content": {json_str(text)}{tail}')
+                    messages_json = f"[{', '.join(parts)}]"
+                    counts = (images, videos, audios)
+                except (KeyError, TypeError):
+                    pass
+            if messages_json is None:
+                messages_json, counts = messages_json_of(record)
+            task_name = get(task_field)
+            task = tasks.get(task_name) if task_name.__class__ is str and task_name else None
+            if task is None:  # the checks, in order
+                if not isinstance(task_name, str) or not task_name:
+                    raise RecordError(f"missing field '{task_field}' (the task name)")
+                task = tasks.get(task_name)
+                if task is None:
+                    raise RecordError(f"unknown task {task_name!r}; {_suggest(task_name, taxonomy)}")
 
             # Media lists: by their content from the cache; anything unusual takes the checked path.
             try:
-                combo = combos.get(
-                    (
-                        media_key(record.get("images")),
-                        media_key(record.get("videos")),
-                        media_key(record.get("audios")),
-                    )
-                )
+                images, videos, audios = get("images"), get("videos"), get("audios")
+                if images.__class__ is list and videos.__class__ is list and audios.__class__ is list:
+                    key = (tuple(images), tuple(videos), tuple(audios))  # what _media_key gives
+                else:
+                    key = (media_key(images), media_key(videos), media_key(audios))
+                combo = combos.get(key)
             except TypeError:  # an unhashable item: the checked path says what is wrong
                 combo = None
             if combo is None:
@@ -395,21 +446,37 @@ class _RecordParser:
             derived = combo.derived or derive(combo)
 
             name = task.name
-            record_id = record.get("id")
-            if record_id not in (None, ""):
+            shared = derived.tails.get(name)
+            if shared is None:  # (frame, stratum, whether the task lists the modality, id JSON ends)
+                audios_json, images_json, videos_json = (
+                    derived.audios_json, derived.images_json, derived.videos_json
+                )  # fmt: skip
+                rel_images, rel_videos, rel_audios = derived.relative_json
+                shared = derived.tails[name] = (
+                    (
+                        '{"audios": ' + audios_json + ', "id": ',
+                        ', "images": ' + images_json + ', "messages": ',
+                        ', "task": ' + task_json[name] + ', "videos": ' + videos_json + "}",
+                        audios_json,
+                        images_json,
+                        task_json[name],
+                        videos_json,
+                    ),
+                    stratum_name(name, derived.modality, derived.bucket),
+                    derived.modality in task.modalities,
+                    '{"audios": ' + rel_audios + ', "images": ' + rel_images + ', "messages": ',
+                    ', "task": ' + task_json[name] + ', "videos": ' + rel_videos + "}",
+                )
+            record_id = get("id")
+            if record_id.__class__ is str and record_id:
+                pass
+            elif record_id not in (None, ""):
                 record_id = str(record_id)
             else:  # sha256 of the canonical JSON {audios, images, messages, task, videos}, relative paths
-                rel_images, rel_videos, rel_audios = derived.relative_json
-                canonical = (
-                    '{"audios": ' + rel_audios + ', "images": ' + rel_images + ', "messages": '
-                    + messages_json + ', "task": ' + task_json[name] + ', "videos": ' + rel_videos + "}"
-                )  # fmt: skip
+                canonical = f"{shared[3]}{messages_json}{shared[4]}"
                 record_id = sha256(canonical.encode()).hexdigest()[:16]
-            tail = derived.tails.get(name)
-            if tail is None:
-                tail = derived.tails[name] = (
-                    ', "task": ' + task_json[name] + ', "videos": ' + derived.videos_json + "}"
-                )
+            if not messages_json.isascii():  # O(1) flag check; the text key was once a sha256 of
+                messages_json.encode()  # the UTF-8: a lone surrogate still raises UnicodeEncodeError
             return new_record(
                 record_id,
                 name,
@@ -417,13 +484,14 @@ class _RecordParser:
                 derived.bucket,
                 source,
                 line,
-                derived.payload_head + json_str(record_id) + derived.payload_middle + messages_json + tail,
+                shared[0],
                 derived.media,
-                sha256(messages_json.encode()).hexdigest(),
+                messages_json,
+                shared[1],
                 derived.image_tokens,
                 derived.video_seconds,
                 derived.audio_seconds,
-            ), derived.modality in task.modalities
+            ), shared[2]
 
         return parse
 
@@ -469,10 +537,18 @@ def parse_record(
     return parser.parse(record, line)
 
 
-def _iter_jsonl(
-    path: Path, on_bytes: Callable[[int], None] | None
-) -> Iterator[tuple[int, object | RecordError]]:
-    decode = _decode_json
+def _read_jsonl(
+    path: Path,
+    parse: Callable[[object, int], tuple[PoolRecord, bool]],
+    on_error: Callable[[int, RecordError], None],
+    result: PoolReadResult,
+    on_bytes: Callable[[int], None] | None,
+) -> None:
+    """Parse and validate every line of a JSONL pool into ``result``; ``on_error(line, error)``
+    for a malformed or invalid record (it raises, or records the skip). One loop, no generator:
+    this runs once per record of a big pool."""
+    decode, scan, loads, decode_error = _decode_json, _scan_json, json.loads, json.JSONDecodeError
+    append, mismatches = result.records.append, result.modality_mismatches
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
             if on_bytes is not None:
@@ -481,13 +557,32 @@ def _iter_jsonl(
                 if raw[0] == 0x7B and (len(raw) < 2 or raw[1]):
                     # '{' then a non-zero byte: what json.loads(bytes) detects as UTF-8 and decodes
                     # so; doing it here skips its per-line encoding detection.
-                    yield number, decode(raw.decode("utf-8", "surrogatepass"))
+                    text = raw.decode("utf-8", "surrogatepass")
+                    # decode(text) is scan(text, 0) (no leading whitespace before '{') and a check
+                    # that only whitespace follows; a line that is one object and its newline needs
+                    # no more. Anything else (an error included) goes through decode itself.
+                    try:
+                        row, end = scan(text, 0)
+                    except Exception:
+                        end = -1
+                    # Neither the object then '\n' nor the object alone (a last line):
+                    if (end != len(text) - 1 or raw[-1] != 0x0A) and end != len(text):
+                        row = decode(text)
+                elif not raw.strip():
                     continue
-                if not raw.strip():
-                    continue
-                yield number, json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as err:
-                yield number, RecordError(f"malformed JSON: {err}")
+                else:
+                    row = loads(raw)
+            except (decode_error, UnicodeDecodeError) as err:
+                on_error(number, RecordError(f"malformed JSON: {err}"))
+                continue
+            try:
+                record, expected = parse(row, number)
+            except RecordError as err:
+                on_error(number, err)
+                continue
+            if not expected:
+                mismatches[f"{record.task}|{record.modality}"] += 1
+            append(record)
 
 
 def _iter_table(path: Path) -> Iterator[tuple[int, object]]:
@@ -550,6 +645,12 @@ def gc_paused() -> Iterator[None]:
         yield
     finally:
         if was_enabled:
+            if gc.get_freeze_count() == 0:
+                # Move what piled up into the oldest generation (freeze then unfreeze: two list
+                # splices), or the first collection after this walks all of it as young objects.
+                # Only when nothing else is frozen: unfreeze would thaw a caller's frozen objects.
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 
@@ -569,9 +670,6 @@ def _read_pool(
         digest = _in_background(sha256_file if path.is_file() else _folder_hash, path)
         result.inputs[str(path)] = ""  # keeps the files' order
         base = path.parent if path.is_file() else path
-        rows = (
-            _iter_jsonl(path, on_bytes) if path.suffix.lower() in (".jsonl", ".json") else _iter_table(path)
-        )
         parse = _RecordParser(
             base=base,
             source=str(path),
@@ -581,25 +679,31 @@ def _read_pool(
             task_field=task_field,
             probe=probe,
         ).parse
-        records = result.records
-        for number, row in rows:
-            try:
-                if isinstance(row, RecordError):
-                    raise row
-                record, expected = parse(row, number)
-            except RecordError as err:
-                if not skip_invalid:
-                    raise InputError(
-                        str(err),
-                        path=path,
-                        line=number,
-                        hint="fix the record, or pass --skip-invalid to skip it",
-                    ) from None
-                result.skipped.append(SkippedRecord(str(path), number, str(err)))
-                continue
-            if not expected:
-                result.modality_mismatches[f"{record.task}|{record.modality}"] += 1
-            records.append(record)
+
+        def on_error(number: int, err: RecordError, path: Path = path) -> None:
+            if not skip_invalid:
+                raise InputError(
+                    str(err),
+                    path=path,
+                    line=number,
+                    hint="fix the record, or pass --skip-invalid to skip it",
+                ) from None
+            result.skipped.append(SkippedRecord(str(path), number, str(err)))
+
+        if path.suffix.lower() in (".jsonl", ".json"):
+            _read_jsonl(path, parse, on_error, result, on_bytes)
+        else:
+            records = result.records
+            # The same per-row handling as _read_jsonl, which inlines it in its hot loop.
+            for number, row in _iter_table(path):
+                try:
+                    record, expected = parse(row, number)
+                except RecordError as err:
+                    on_error(number, err)
+                    continue
+                if not expected:
+                    result.modality_mismatches[f"{record.task}|{record.modality}"] += 1
+                records.append(record)
         result.inputs[str(path)] = digest()
     if not result.records:
         raise InputError("the pool has no valid records", path=files[0] if len(files) == 1 else None)
@@ -653,13 +757,18 @@ def drop_duplicates(records: list[PoolRecord]) -> tuple[list[PoolRecord], int]:
     if shared:  # two threads: hashlib and file reads release the GIL
         with ThreadPoolExecutor(max_workers=2) as pool:
             identity.update(zip(shared, pool.map(sha256_file, map(Path, shared)), strict=True))
-    media_key = {media: tuple(identity[real[p]] for p in media) for media in combos}
-    kept, seen, dropped = [], set(), 0
+    # The text keys seen so far for each media identity, one set shared by the media tuples with
+    # that identity: a record is a duplicate when its text key is in its media's set.
+    by_identity: dict[tuple, set[str]] = {}
+    seen_for = {
+        media: by_identity.setdefault(tuple(identity[real[p]] for p in media), set()) for media in combos
+    }
+    kept: list[PoolRecord] = []
+    keep = kept.append
     for record in records:
-        key = (record.text_key, media_key[record.media])
-        if key in seen:
-            dropped += 1
-            continue
-        seen.add(key)
-        kept.append(record)
-    return kept, dropped
+        seen = seen_for[record.media]
+        text = record.text_key
+        if text not in seen:
+            seen.add(text)
+            keep(record)
+    return kept, len(records) - len(kept)
