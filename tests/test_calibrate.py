@@ -320,6 +320,7 @@ BAD_RECORDS = [
         "2 <image> placeholder",
     ),
     ('{"task": "ocr", "messages": [{"role": "robot", "content": "hi"}]}', "unknown role"),
+    ('{"task": "ocr", "messages": [{"role": ["user"], "content": "hi"}]}', "unknown role ['user']"),
 ]
 
 

@@ -176,7 +176,7 @@ def _turn_json(turn: object, i: int, role_key: str, text_key: str) -> tuple[str,
     if not isinstance(turn, dict) or role_key not in turn or text_key not in turn:
         raise RecordError(f"turn {i} must be an object with '{role_key}' and '{text_key}'")
     role, text = turn[role_key], turn[text_key]
-    if role not in ROLE_ALIASES:
+    if not isinstance(role, str) or role not in ROLE_ALIASES:  # a list or object is not a role either
         raise RecordError(f"turn {i} has unknown role {role!r}; use system, user or assistant")
     if not isinstance(text, str):
         raise RecordError(f"turn {i} content must be a string with <image>/<video>/<audio> placeholders")
