@@ -122,15 +122,7 @@ def load_samples(path: Path):
     from quantkit.models.inputs import Sample
 
     rows = json.loads(Path(path).read_text(encoding="utf-8"))
-    samples = [
-        Sample(
-            messages=row["messages"],
-            images=[Path(p) for p in row["images"]],
-            videos=[Path(p) for p in row["videos"]],
-            audios=[Path(p) for p in row["audios"]],
-        )
-        for row in rows
-    ]
+    samples = [Sample.from_row(row) for row in rows]
     return samples, [row["label"] for row in rows]
 
 

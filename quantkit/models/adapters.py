@@ -8,6 +8,7 @@ adapter with the same fields (``--adapter FILE``) covers a custom architecture.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Iterable
@@ -269,8 +270,6 @@ class Adapter(BaseModel):
         in host memory (``max_cpu_memory`` bytes; default: what is free, less 5 GB) as files
         under ``offload_folder``.
         """
-        import contextlib
-
         kwargs: dict = {"dtype": dtype}
         if self.is_wrapped(model_dir):
             kwargs.update(

@@ -23,6 +23,16 @@ class Sample:
     videos: list[Path] = field(default_factory=list)
     audios: list[Path] = field(default_factory=list)
 
+    @classmethod
+    def from_row(cls, row: dict) -> Sample:
+        """A sample from a samples.jsonl row of a calibration set (media as path strings)."""
+        return cls(
+            messages=row["messages"],
+            images=[Path(p) for p in row.get("images") or []],
+            videos=[Path(p) for p in row.get("videos") or []],
+            audios=[Path(p) for p in row.get("audios") or []],
+        )
+
 
 class UnsupportedModality(ValueError):
     """The sample holds a medium the model (its processor) cannot take."""

@@ -47,15 +47,7 @@ def samples_from_set(
             raise InputError("--num-samples must be at least 1")
         picked = stratified_subsample([row["stratum"] for row in usable], num_samples, seed=seed)
         usable = [usable[i] for i in picked]
-    samples = [
-        Sample(
-            messages=row["messages"],
-            images=[Path(p) for p in row["images"]],
-            videos=[Path(p) for p in row["videos"]],
-            audios=[Path(p) for p in row["audios"]],
-        )
-        for row in usable
-    ]
+    samples = [Sample.from_row(row) for row in usable]
     info = {
         "path": str(calib.resolve()),
         "samples_sha256": report["samples_sha256"],

@@ -161,12 +161,7 @@ def measure_drift(
     quantized = q_adapter.load_model(checkpoint, dtype=saved_dtype(checkpoint))
     results = []
     for row in rows:
-        sample = Sample(
-            row["messages"],
-            [Path(p) for p in row["images"]],
-            [Path(p) for p in row["videos"]],
-            [Path(p) for p in row["audios"]],
-        )
+        sample = Sample.from_row(row)
         inputs = processor_inputs(processor, sample)
         with torch.no_grad():
             kl, top1, cosine = _compare_logits(original(**inputs).logits[0], quantized(**inputs).logits[0])
