@@ -341,6 +341,57 @@ def test_asymmetric_group_32_writes_zero_points(zoo_model, tmp_path):
         assert served.status in {"passed", "skipped"}, served.reason  # skipped: no kernel on this CPU
 
 
+def test_moe_experts_stay_symmetric_under_a_zero_point_recipe(zoo_model, tmp_path):
+    """The shipped w4a16 puts zero points on attention but not on MoE experts (transformers cannot
+    reload asymmetric experts); a promoted expert block goes to 8 bits, not to the symmetric group.
+    Checked on the plan, the checkpoint, transformers' reload and vLLM's own matcher."""
+    model_dir = zoo_model("tiny-qwen3-omni-moe")
+    adapter = adapter_for(model_dir)
+    from quantkit.quantize.run import unfuse_experts_on_meta
+
+    meta = adapter.meta_model(model_dir)
+    unfuse_experts_on_meta(meta)
+    names = resolve_targets(meta, adapter).quantize
+    params = {n: meta.get_submodule(n).weight.numel() for n in names}
+    promoted = [n for n in names if n.startswith("model.layers.2.mlp.experts.")]
+    table = synthetic_table(names, dict.fromkeys(promoted, 1.0), params)
+    recipe = get_recipe("w4a16")
+    assert not recipe.symmetric
+    result = quantize(
+        model_dir, tmp_path / "moe", recipe, text_samples(), avg_bits=5.0, sensitivity=table, progress=False
+    )
+    precision = result.precision
+    assert set(precision.high) == set(promoted)
+    experts = {n for n in names if ".mlp.experts." in n}
+    assert set(precision.symmetric_experts) == experts - set(promoted)
+    assert "except 36 MoE expert layers (symmetric)" in precision.summary()
+
+    config = json.loads((result.output / "config.json").read_text())["quantization_config"]
+    groups = {
+        (g["weights"]["num_bits"], g["weights"]["symmetric"]): g["targets"]
+        for g in config["config_groups"].values()
+    }
+    assert set(groups) == {(8, True), (4, True), (4, False)}
+    assert (
+        groups[(4, False)] == ["Linear"] and len(groups[(4, True)]) == 3
+    )  # one pattern per 4-bit expert block
+    on_disk = {key.rsplit(".", 1)[0] for key in tensors(result.output) if key.endswith(".weight_zero_point")}
+    assert on_disk and all(".experts." not in n for n in on_disk)
+    assert "thinker.model.layers.0.self_attn.q_proj" in on_disk
+    assert "MoE expert layer(s) kept symmetric" in (result.output / "README.md").read_text()
+    model = adapter_for(result.output).load_model(result.output, dtype=torch.bfloat16)
+    assert torch.isfinite(model(input_ids=torch.tensor([[1, 2, 3]])).logits).all()
+
+    python = vllm_or_skip()
+    probe = {
+        "thinker.model.layers.0.self_attn.qkv_proj": [4, False],
+        "thinker.model.layers.0.mlp.experts.0.gate_proj": [4, True],
+        "thinker.model.layers.2.mlp.experts.1.down_proj": [8, True],
+        "thinker.model.layers.3.mlp.experts.3.up_proj": [4, True],
+    }
+    assert vllm_schemes(python, result.output, list(probe)) == probe
+
+
 # ------------------------------------------------------------------------------ recipe fields
 
 
@@ -394,9 +445,25 @@ quant.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gat
 answer = {}
 for name in json.loads(sys.argv[2]):
     found = quant.get_scheme_dict(torch.nn.Linear(1, 1), layer_name=name)
-    answer[name] = None if found is None else found["weights"].num_bits
+    answer[name] = None if found is None else [found["weights"].num_bits, found["weights"].symmetric]
 print("ANSWER" + json.dumps(answer))
 """
+
+
+def vllm_schemes(python: Path, checkpoint: Path, names: list[str]) -> dict:
+    """Per vLLM layer name: [weight bits, symmetric] as vLLM's own matcher resolves the config groups."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run(
+        [str(python), "-P", "-c", VLLM_SCHEMES, str(checkpoint / "config.json"), json.dumps(names)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    answers = [line for line in run.stdout.splitlines() if line.startswith("ANSWER")]
+    assert answers, run.stderr[-3000:]
+    return json.loads(answers[-1][len("ANSWER") :])
 
 
 def vllm_or_skip() -> Path:
@@ -415,18 +482,8 @@ def test_vllm_resolves_the_config_groups_to_the_planned_bits(mixed_checkpoints):
     python = vllm_or_skip()
     result = mixed_checkpoints["mixed"]
     names = {unit.unit: unit.bits for unit in result.precision.units} | {"lm_head": None}
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    run = subprocess.run(
-        [str(python), "-P", "-c", VLLM_SCHEMES, str(result.output / "config.json"), json.dumps(list(names))],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        check=False,
-    )
-    answers = [line for line in run.stdout.splitlines() if line.startswith("ANSWER")]
-    assert answers, run.stderr[-3000:]
-    assert json.loads(answers[-1][len("ANSWER") :]) == names
+    found = vllm_schemes(python, result.output, list(names))
+    assert {name: answer and answer[0] for name, answer in found.items()} == names
 
 
 # vLLM's CPU backend implements weight-only int kernels for 4 bits only (CPUWNA16: uint4 / uint4b8);

@@ -276,6 +276,10 @@ def test_every_zoo_model_with_every_recipe(quantized, reference, zoo_model, medi
     else:
         as_saved = same_names if on_disk == set(result.quantized_modules) else legacy_vl_names
     assert on_disk == as_saved(result.quantized_modules)
+    if recipe.scheme == "W4A16":  # zero points on every 4-bit layer except MoE experts (kept symmetric)
+        with_zero_points = {key.rsplit(".", 1)[0] for key in dtypes if key.endswith(".weight_zero_point")}
+        assert not recipe.symmetric and with_zero_points
+        assert with_zero_points == {m for m in on_disk if ".experts." not in m}
     for key, dtype in dtypes.items():
         if key.rsplit(".", 1)[0] not in on_disk and dtype != "I64":
             assert dtype == "BF16", (key, dtype)

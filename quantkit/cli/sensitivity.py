@@ -36,8 +36,12 @@ def sensitivity(
     ],
     calib: Annotated[Path, typer.Option(help="Calibration-set folder from `quantkit calibrate`.")],
     scheme: Annotated[
-        WeightScheme, typer.Option(help="Weight scheme each layer is fake-quantized with (round-to-nearest).")
-    ] = WeightScheme.W4A16,
+        WeightScheme,
+        typer.Option(
+            help="Weight scheme each layer is fake-quantized with (round-to-nearest). W4A16_ASYM is what "
+            "the shipped w4a16 recipe writes (zero points; MoE experts stay symmetric either way)."
+        ),
+    ] = WeightScheme.W4A16_ASYM,
     group_size: Annotated[
         int | None,
         typer.Option(

@@ -62,6 +62,17 @@ def _precision(metadata: dict) -> list[str]:
         f"- average: {precision['avg_bits']:.3f} bits per weight ({precision['budget_counts']}); "
         f"{precision['effective_bits']:.3f} counting scales and zero points",
     ]
+    experts = precision.get("symmetric_experts") or []
+    if group and not precision.get("symmetric", True):
+        lines.append(
+            "- zero points: one per group on the 4-bit layers"
+            + (
+                f", except {len(experts)} MoE expert layer(s) kept symmetric (transformers cannot reload "
+                "asymmetric experts; vLLM's CPU backend has no kernel for them)"
+                if experts
+                else ""
+            )
+        )
     if precision.get("avg_bits_requested") is not None:
         lines.append(
             f"- budget: --avg-bits {precision['avg_bits_requested']} (met: "

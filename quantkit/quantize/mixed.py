@@ -20,12 +20,20 @@ budget. The budget counts weight bits by parameter count over the language model
 Linear layers: 4 per 4-bit weight, 8 per 8-bit weight; scales and zero points are not counted
 unless ``count_overhead`` (they are always reported: ``effective_bits``).
 
-Checkpoint layout: two compressed-tensors config groups, both ``pack-quantized`` (W8A8 promoted
+Zero points (recipe ``symmetric: false``) go on every 4-bit layer except MoE experts, which stay
+symmetric: transformers 5 cannot reload per-expert int4 weights with zero points (its
+DecompressExperts conversion asserts "Asymmetric quant requires zero-point values"), vLLM's CPU
+backend has no asymmetric MoE kernel and vLLM before vllm-project/vllm#44025 refuses them.
+
+Checkpoint layout: compressed-tensors config groups, all ``pack-quantized`` (W8A8 promoted
 layers are ``int-quantized``, the checkpoint ``mixed-precision``):
   group_0  W8A16 (int8, per-channel; or W8A8, recipe promoted_scheme), targets: one ``re:``
            pattern per promoted unit
-  group_1  W4A16 (chosen group size, symmetric or not), targets ["Linear"] (minus the ignore list)
-(without promoted layers, group_0 is the W4A16 group alone, as the plain preset writes it).
+  group_1  W4A16 symmetric for the 4-bit MoE expert units of a zero-point recipe, one ``re:``
+           pattern per unit (only then)
+  group_2  W4A16 (chosen group size, symmetric or not), targets ["Linear"] (minus the ignore list)
+(absent groups are skipped and the rest renumbered: a dense model without promoted layers has the
+W4A16 group alone, as the plain preset writes it).
 Both compressed-tensors (transformers reload) and vLLM prefer a name match over the class match
 "Linear", so the promoted layers get group_1 and every other Linear group_0. vLLM keeps regex
 targets as written (its hf_to_vllm_mapper renames only plain dotted names), so the patterns are
@@ -97,6 +105,11 @@ def fusion_unit(name: str) -> str:
     if parts[-1] in FUSED_LEAVES:
         return ".".join([*parts[:-1], FUSED_LEAVES[parts[-1]]])
     return name
+
+
+def is_expert(name: str) -> bool:
+    """A Linear inside an MoE block's experts (``...mlp.experts.3.up_proj``)."""
+    return "experts" in name.split(".")[:-1]
 
 
 def fusion_units(names: list[str]) -> dict[str, list[str]]:
@@ -180,7 +193,7 @@ class PrecisionPlan:
     high_scheme: str  # W8A16 / W8A8
     group_size: int | None
     candidates: tuple[int, ...]
-    symmetric: bool
+    symmetric: bool  # the recipe's: False puts zero points on every 4-bit layer but MoE experts
     high: dict[str, str]  # layer -> why it stays at 8 bits
     units: list[UnitChoice]
     params_total: int
@@ -191,6 +204,10 @@ class PrecisionPlan:
     count_overhead: bool = False
     selection: str = "density"
     high_patterns: list[str] = field(default_factory=list)
+    # 4-bit MoE expert layers kept symmetric in a zero-point recipe (see the module doc), and the
+    # patterns of their units (their own config group).
+    symmetric_experts: list[str] = field(default_factory=list)
+    symmetric_patterns: list[str] = field(default_factory=list)
     sensitivity: dict | None = None  # where the ranking came from
     notes: list[str] = field(default_factory=list)
 
@@ -220,6 +237,10 @@ class PrecisionPlan:
         data["effective_bits"] = round(self.effective_bits, 4)
         return data
 
+    def layer_symmetric(self, name: str) -> bool:
+        """Whether the 4-bit scheme of ``name`` has no zero points."""
+        return self.symmetric or name in set(self.symmetric_experts)
+
     def group_sizes(self, names: list[str]) -> dict[str, int | None]:
         """Per layer: the group size it will be quantized with (None: per-channel 8-bit)."""
         return {name: None if name in self.high else self.group_size for name in names}
@@ -238,9 +259,12 @@ class PrecisionPlan:
         if self.high_patterns:
             groups["group_0"] = high_scheme(self.high_scheme, list(self.high_patterns))
         if self.group_size is not None:
-            groups[f"group_{len(groups)}"] = QuantizationScheme(
-                targets=["Linear"], weights=weight_args(recipe, self.group_size)
-            )
+            low = weight_args(recipe, self.group_size)
+            if self.symmetric_patterns:
+                groups[f"group_{len(groups)}"] = QuantizationScheme(
+                    targets=list(self.symmetric_patterns), weights=symmetric_args(low)
+                )
+            groups[f"group_{len(groups)}"] = QuantizationScheme(targets=["Linear"], weights=low)
         if not groups:
             raise InputError("nothing to quantize: no layer takes the 4-bit scheme and none was promoted")
         return groups
@@ -254,7 +278,16 @@ class PrecisionPlan:
         )
         if self.avg_bits_requested is not None:
             text += f", budget {self.avg_bits_requested}"
+        if not self.symmetric and self.group_size:
+            text += "; zero points on the 4-bit layers"
+            if self.symmetric_experts:
+                text += f" except {len(self.symmetric_experts)} MoE expert layers (symmetric)"
         return text
+
+
+def symmetric_args(args):
+    """The same 4-bit weight arguments without zero points."""
+    return args if args.symmetric else args.model_copy(update={"symmetric": True})
 
 
 def check_avg_bits(avg_bits: float | None) -> None:
@@ -353,13 +386,15 @@ def plan_precision(
     unit_params = {unit: sum(params[n] for n in layers) for unit, layers in units.items()}
     total = sum(params.values())
 
+    def symmetric(name: str) -> bool:
+        return recipe.symmetric or is_expert(name)
+
     def cost(unit: str, bits: int) -> float:
         """Bits this unit costs at ``bits`` (budget accounting)."""
         if not count_overhead:
             return bits * unit_params[unit]
         return sum(
-            layer_bits(bits, in_features[n], choice.group_size, recipe.symmetric) * params[n]
-            for n in units[unit]
+            layer_bits(bits, in_features[n], choice.group_size, symmetric(n)) * params[n] for n in units[unit]
         )
 
     high_units: dict[str, str] = {}
@@ -422,9 +457,7 @@ def plan_precision(
     nominal = (HIGH_BITS * params_high + LOW_BITS * (total - params_high)) / total
     effective = (
         sum(
-            layer_bits(
-                HIGH_BITS if n in high else LOW_BITS, in_features[n], choice.group_size, recipe.symmetric
-            )
+            layer_bits(HIGH_BITS if n in high else LOW_BITS, in_features[n], choice.group_size, symmetric(n))
             * params[n]
             for n in names
         )
@@ -442,6 +475,11 @@ def plan_precision(
         )
         for unit, layers in units.items()
     ]
+    expert_units = [
+        u
+        for u, layers in units.items()
+        if u not in high_units and not recipe.symmetric and choice.group_size and any(map(is_expert, layers))
+    ]
     plan = PrecisionPlan(
         low_scheme=preset_name(recipe),
         high_scheme=recipe.promoted_scheme,
@@ -458,6 +496,8 @@ def plan_precision(
         count_overhead=count_overhead,
         selection=selection,
         high_patterns=unit_patterns([u for u in units if u in high_units], units, root),
+        symmetric_experts=[n for u in expert_units for n in units[u]],
+        symmetric_patterns=unit_patterns(expert_units, units, root),
         sensitivity=source,
         notes=notes,
     )
@@ -492,7 +532,7 @@ def unit_patterns(chosen: list[str], units: dict[str, list[str]], root: str) -> 
     return patterns
 
 
-def _scheme_index(name: str, targets_in_order: list[tuple[str, int]]) -> int | None:
+def _scheme_index(name: str, targets_in_order: list[tuple[str, str]]) -> str | None:
     """Which config group a Linear called ``name`` gets: a name (or regex) match first, then the
     class name "Linear", as compressed-tensors' match_targets and vLLM's find_matched_target do."""
     from compressed_tensors.utils.match import match_name
@@ -506,19 +546,27 @@ def _scheme_index(name: str, targets_in_order: list[tuple[str, int]]) -> int | N
     return None
 
 
+def planned_scheme(plan: PrecisionPlan, name: str) -> str:
+    if name in plan.high:
+        return f"{HIGH_BITS}-bit"
+    return f"{LOW_BITS}-bit " + ("symmetric" if plan.layer_symmetric(name) else "with zero points")
+
+
 def check_precision_plan(plan: PrecisionPlan, names: list[str]) -> None:
-    """Prove the config groups give exactly the planned layers 8 bits and the rest 4 under the
-    loaders' matching rules (every other Linear is on the ignore list: resolve_targets proves
-    that), and that every fused unit gets one scheme."""
-    targets: list[tuple[str, int]] = [(pattern, HIGH_BITS) for pattern in plan.high_patterns]
+    """Prove the config groups give exactly the planned layers 8 bits, the rest 4 (with or
+    without zero points as planned) under the loaders' matching rules (every other Linear is on
+    the ignore list: resolve_targets proves that), and that every fused unit gets one scheme."""
+    low = f"{LOW_BITS}-bit " + ("symmetric" if plan.symmetric else "with zero points")
+    targets: list[tuple[str, str]] = [(pattern, f"{HIGH_BITS}-bit") for pattern in plan.high_patterns]
+    targets += [(pattern, f"{LOW_BITS}-bit symmetric") for pattern in plan.symmetric_patterns]
     if plan.group_size is not None:
-        targets.append(("Linear", LOW_BITS))
+        targets.append(("Linear", low))
     problems = []
     for name in names:
-        bits = _scheme_index(name, targets)
-        expected = HIGH_BITS if name in plan.high else LOW_BITS
-        if bits != expected:
-            problems.append(f"{name}: planned {expected} bits, the config groups give {bits}")
+        got = _scheme_index(name, targets)
+        expected = planned_scheme(plan, name)
+        if got != expected:
+            problems.append(f"{name}: planned {expected}, the config groups give {got}")
     for unit in plan.units:
         got = {_scheme_index(layer, targets) for layer in unit.layers}
         if len(got) > 1:
@@ -550,9 +598,15 @@ def check_assigned(model: torch.nn.Module, plan: PrecisionPlan, names: list[str]
             problems.append(f"{name}: not quantized")
             continue
         bits, group = (HIGH_BITS, None) if name in plan.high else (LOW_BITS, plan.group_size)
-        if int(weights.num_bits) != bits or (group is not None and weights.group_size != group):
+        symmetric = True if name in plan.high else plan.layer_symmetric(name)
+        if (
+            int(weights.num_bits) != bits
+            or (group is not None and weights.group_size != group)
+            or bool(weights.symmetric) != symmetric
+        ):
             problems.append(
-                f"{name}: {weights.num_bits} bits group {weights.group_size}, planned {bits} bits group {group}"
+                f"{name}: {weights.num_bits} bits group {weights.group_size} symmetric {weights.symmetric}, "
+                f"planned {bits} bits group {group} symmetric {symmetric}"
             )
     if problems:
         raise CheckFailed(

@@ -76,7 +76,9 @@ class Recipe(BaseModel):
     )
     symmetric: bool = Field(
         default=True,
-        description="W4A16 only: false adds a zero point per group (asymmetric int4, like W4A16_ASYM)",
+        description="W4A16 only: false adds a zero point per group (asymmetric int4, like W4A16_ASYM) to "
+        "every 4-bit layer but MoE experts, which stay symmetric (transformers cannot reload asymmetric "
+        "experts; vLLM's CPU backend has no kernel for them)",
     )
     promoted_scheme: PromotedScheme = Field(
         default="W8A16",

@@ -13,7 +13,7 @@ from quantkit.errors import InputError
 from quantkit.models.adapters import Adapter, adapter_for, model_architecture
 from quantkit.models.inputs import Sample
 from quantkit.quantize.features import FeatureRow
-from quantkit.quantize.mixed import GROUP_SIZE_CANDIDATES, choose_group_size
+from quantkit.quantize.mixed import GROUP_SIZE_CANDIDATES, choose_group_size, is_expert, symmetric_args
 from quantkit.quantize.progress import sample_bar
 from quantkit.quantize.targets import decoder_layers, language_model_root, resolve_targets
 from quantkit.sensitivity.measure import GRANULARITIES, estimate_fisher, measure
@@ -74,7 +74,7 @@ def measure_loaded(
     names: list[str],
     args,
     candidates=GROUP_SIZE_CANDIDATES,
-    scheme: str = "W4A16",
+    scheme: str = "W4A16_ASYM",
     model_name: str = "",
     architecture: str = "",
     granularity: str = "layer",
@@ -95,6 +95,8 @@ def measure_loaded(
     if not rows:
         raise InputError("no usable sample to measure sensitivity on")
     layer_args, skipped, group = layer_arguments(model, names, args, candidates)
+    # quantize keeps MoE experts symmetric even in a zero-point recipe (quantize.mixed): measure them so.
+    layer_args = {n: symmetric_args(a) if is_expert(n) else a for n, a in layer_args.items()}
     blocks = decoder_layers(model, adapter)
     root = language_model_root(list(blocks))
     started = time.perf_counter()
@@ -156,7 +158,7 @@ def sensitivity(
     samples: list[Sample],
     *,
     sample_labels: list[str] | None = None,
-    scheme: str = "W4A16",
+    scheme: str = "W4A16_ASYM",
     group_size: int | None = None,
     adapter: Adapter | Path | None = None,
     granularity: str = "layer",
