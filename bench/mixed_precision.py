@@ -9,24 +9,26 @@ perplexity (change against the original's), mean next-token KL(original || quant
 agreement.
 
 Runs (each a separate checkpoint; a finished one is reused on the next invocation):
-  rtn-g64              round-to-nearest W4A16 g64, every layer (fake-quant in memory; cheap)
-  rtn-g64-4.5-density  the same with --avg-bits 4.5 layers (KL per promoted bit) at 8 bits
-  rtn-g64-4.5-score    the same, layers picked by KL alone (which selection rule to default to)
-  rtn-g64-4.5-fisher   density rule on the Fisher-estimated ranking (what quantize measures itself)
-  plain-gptq-g64       llmcompressor GPTQModifier, W4A16 group 64 on "Linear" minus lm_head,
-                       raw token windows (the baseline of notes/feasibility.md)
-  plain-gptq-g64-chat  the same on the windows rendered as chat turns, as quantkit calibrates (the
-                       data format alone, separated from quantkit)
-  quantkit-w4a16       quantkit quantize, recipe w4a16 (group size chosen: 64 here)
-  quantkit-w4a16-4.5   the same with --avg-bits 4.5 (sensitivity measured first, cost reported)
-  quantkit-asym-g32    W4A16 asymmetric, group 32 (the GGUF's own grid is asymmetric, group 32)
-  quantkit-asym-g32-4.5  both (with --all; ranked by the symmetric g64 table, not re-measured)
-  quantkit-asym-g64, quantkit-asym-g64-4.5
-                       asymmetric group 64 (4.31 bits with scales and zero points), and with --avg-bits
-  quantkit-asym-g64-4.5-auto
-                       the same, ranked the way quantize does without a table (Fisher estimate, timed)
+  rtn-g64              round-to-nearest W4A16 g64 symmetric, every layer (fake-quant in memory)
+  plain-gptq-g64       llmcompressor alone: GPTQModifier, W4A16 group 64 (symmetric) on "Linear"
+                       minus lm_head, raw token windows (the baseline of notes/feasibility.md)
+  plain-w8a8-sq-gptq, plain-fp8, plain-fp8-dynamic
+                       llmcompressor alone, the notes' other baselines on the same windows:
+                       SmoothQuant 0.8 + GPTQ W8A8, static FP8, FP8_DYNAMIC presets
+  quantkit-w4a16       quantkit quantize, recipe w4a16 as shipped (zero points; group 64 chosen)
+  quantkit-w4a16-4.5   the same with --avg-bits 4.5, the ranking measured inside quantize (timed)
+  quantkit-w4a16-sym, quantkit-w4a16-sym-4.5
+                       the recipe with symmetric: true (no zero points), without and with --avg-bits
   quantkit-w8a8-sq-gptq, quantkit-fp8, quantkit-fp8-dynamic
-                       the 8-bit recipes as shipped (against the notes' +1.2% / +2.6%)
+                       the 8-bit recipes as shipped
+With --all, also:
+  rtn-g64-4.5-density, rtn-g64-4.5-score, rtn-g64-4.5-fisher
+                       round-to-nearest with --avg-bits 4.5 layers at 8 bits, picked by KL per
+                       promoted bit, by KL alone, or by the Fisher estimate (the selection rule)
+  plain-gptq-g64-chat  plain GPTQ on the windows rendered as chat turns, as quantkit calibrates
+  quantkit-w4a16-4.5-kl  --avg-bits 4.5 on the measured KL table (`quantkit sensitivity`, ~25 min)
+  quantkit-asym-g32, quantkit-asym-g32-4.5
+                       zero points with group 32 (the GGUF's own grid), without and with --avg-bits
 
 Caveat: the weights come from a Q4_1 GGUF, so they already lie on an asymmetric group-32 4-bit
 grid; asym-g32 runs re-quantize onto (nearly) that grid and flatter 4-bit results on this model.
@@ -34,7 +36,7 @@ grid; asym-g32 runs re-quantize onto (nearly) that grid and flatter 4-bit result
 Usage:
   HF_HUB_OFFLINE=1 PYTHONPATH=. .venv/bin/python bench/mixed_precision.py [--work DIR]
       [--calib-samples 64] [--eval-windows 20] [--runs a,b,...] [--all]
-GPTQ takes ~6 min per run on 2 cores: the default set is ~30 min. Results go to
+GPTQ takes 4-10 min per run on 2 cores: the default set is ~60 min. Results go to
 DIR/results.json (updated after every run) and a markdown table on stdout.
 """
 
@@ -62,25 +64,34 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 JARGON = (Path("/usr/share/doc/jargon-text/jargon.txt.gz"), Path("/usr/share/jargon/jargon.txt.gz"))
 WINDOW = 512
 AVG_BITS = 4.5
+EIGHT_BIT_RUNS = ["quantkit-w8a8-sq-gptq", "quantkit-fp8", "quantkit-fp8-dynamic"]
+# llmcompressor alone, per quantkit recipe: the notes' baselines, on the same windows.
+PLAIN_PRESETS = {
+    "plain-gptq-g64": "quantkit-w4a16",
+    "plain-w8a8-sq-gptq": "quantkit-w8a8-sq-gptq",
+    "plain-fp8": "quantkit-fp8",
+    "plain-fp8-dynamic": "quantkit-fp8-dynamic",
+}
 DEFAULT_RUNS = [
     "rtn-g64",
+    *PLAIN_PRESETS,
+    "quantkit-w4a16",
+    "quantkit-w4a16-4.5",
+    "quantkit-w4a16-sym",
+    "quantkit-w4a16-sym-4.5",
+    *EIGHT_BIT_RUNS,
+]
+# Runs ranked by the measured KL table (quantkit sensitivity, method kl: ~25 min on 2 cores).
+KL_TABLE_RUNS = {"rtn-g64-4.5-density", "rtn-g64-4.5-score", "quantkit-w4a16-4.5-kl", "quantkit-asym-g32-4.5"}
+ALL_RUNS = [
+    *DEFAULT_RUNS,
     "rtn-g64-4.5-density",
     "rtn-g64-4.5-score",
     "rtn-g64-4.5-fisher",
-    "plain-gptq-g64",
-    "quantkit-w4a16-4.5",
-    "quantkit-asym-g32",
-    "quantkit-w4a16",
-]
-EIGHT_BIT_RUNS = ["quantkit-w8a8-sq-gptq", "quantkit-fp8", "quantkit-fp8-dynamic"]
-ALL_RUNS = [
-    *DEFAULT_RUNS,
-    "quantkit-asym-g32-4.5",
-    "quantkit-asym-g64",
-    "quantkit-asym-g64-4.5",
-    "quantkit-asym-g64-4.5-auto",
     "plain-gptq-g64-chat",
-    *EIGHT_BIT_RUNS,
+    "quantkit-w4a16-4.5-kl",
+    "quantkit-asym-g32",
+    "quantkit-asym-g32-4.5",
 ]
 
 
@@ -250,12 +261,14 @@ def load_checkpoint(path: Path):
 # ---------------------------------------------------------------------- runs
 
 
-def plain_gptq(folder: Path, calib: list[torch.Tensor], output: Path) -> dict:
-    """What notes/feasibility.md measured: llmcompressor alone, W4A16 group 64, raw windows."""
+def plain_oneshot(folder: Path, calib: list[torch.Tensor], output: Path, run: str) -> dict:
+    """What notes/feasibility.md measured: llmcompressor alone on raw windows, "Linear" minus
+    lm_head: GPTQ W4A16 group 64 (symmetric), SmoothQuant 0.8 + GPTQ W8A8, static FP8, FP8_DYNAMIC."""
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
     from datasets import Dataset
     from llmcompressor import oneshot
-    from llmcompressor.modifiers.quantization import GPTQModifier
+    from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
+    from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
     from transformers import AutoModelForCausalLM
 
     from quantkit.export import copy_sidecar_files
@@ -265,15 +278,29 @@ def plain_gptq(folder: Path, calib: list[torch.Tensor], output: Path) -> dict:
     data = Dataset.from_dict(
         {"input_ids": [w.tolist() for w in calib], "attention_mask": [[1] * len(w) for w in calib]}
     )
-    weights = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=64)
-    modifier = GPTQModifier(
-        config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=weights)}, ignore=["lm_head"]
-    )
+    bits = {"plain-w8a8-sq-gptq": 8.0, "plain-fp8": 8.0, "plain-fp8-dynamic": 8.0}.get(run, 4.0)
+    if run in ("plain-gptq-g64", "plain-gptq-g64-chat"):
+        weights = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=64)
+        scheme = QuantizationScheme(targets=["Linear"], weights=weights)
+        recipe = [GPTQModifier(config_groups={"group_0": scheme}, ignore=["lm_head"])]
+        info = {"avg_bits": 4.0, "effective_bits": 4.25}
+    elif run == "plain-w8a8-sq-gptq":
+        recipe = [
+            SmoothQuantModifier(smoothing_strength=0.8),
+            GPTQModifier(targets=["Linear"], scheme="W8A8", ignore=["lm_head"]),
+        ]
+        info = {"avg_bits": bits}
+    elif run in ("plain-fp8", "plain-fp8-dynamic"):
+        preset = "FP8" if run == "plain-fp8" else "FP8_DYNAMIC"
+        recipe = [QuantizationModifier(targets=["Linear"], scheme=preset, ignore=["lm_head"])]
+        info = {"avg_bits": bits}
+    else:
+        raise ValueError(run)
     started = time.perf_counter()
     oneshot(
         model=model,
         dataset=data,
-        recipe=[modifier],
+        recipe=recipe,
         num_calibration_samples=len(calib),
         max_seq_length=max(len(w) for w in calib),
     )
@@ -281,7 +308,7 @@ def plain_gptq(folder: Path, calib: list[torch.Tensor], output: Path) -> dict:
     set_saved_dtype(model, torch.bfloat16)
     model.save_pretrained(output, save_compressed=True)
     copy_sidecar_files(folder, output)  # the tokenizer, so that `quantkit eval` can run it too
-    return {"oneshot_s": round(wall, 1), "avg_bits": 4.0, "effective_bits": 4.25}
+    return {"oneshot_s": round(wall, 1), **info}
 
 
 def chat_windows(tokenizer, calib: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -326,18 +353,23 @@ def quantkit_run(
     return info
 
 
+def symmetric_w4a16():
+    from quantkit.recipes import get_recipe
+
+    return get_recipe("w4a16").model_copy(update={"name": "w4a16-sym", "symmetric": True})
+
+
 def rtn_run(folder, adapter, table, ref: Reference, selection: str | None) -> dict:
     """Fake-quantize every targeted layer round-to-nearest (4-bit g64; promoted units 8-bit) in
     memory and score: a cheap check of the selection rule."""
     from quantkit.quantize.mixed import plan_precision
     from quantkit.quantize.targets import resolve_targets
-    from quantkit.recipes import get_recipe
     from quantkit.recipes.modifiers import weight_args
     from quantkit.sensitivity import fake_quantized, scheme_args
 
     model = adapter.load_model(folder, dtype=torch.float32)
     targets = resolve_targets(model, adapter)
-    recipe = get_recipe("w4a16")
+    recipe = symmetric_w4a16()  # as the notes' round-to-nearest baseline
     plan = plan_precision(
         model,
         targets.quantize,
@@ -409,11 +441,11 @@ def markdown(results: dict, reference: dict) -> str:
 
 
 HARNESS_RUNS = [
-    "plain-gptq-g64",
+    *PLAIN_PRESETS,
     "quantkit-w4a16",
     "quantkit-w4a16-4.5",
-    "quantkit-asym-g64-4.5",
-    "quantkit-asym-g64-4.5-auto",
+    "quantkit-w4a16-sym",
+    "quantkit-w4a16-sym-4.5",
     *EIGHT_BIT_RUNS,
 ]
 HARNESS_TASK = "quantkit_prose_ppl"
@@ -473,6 +505,16 @@ def _change(row: dict, reference: dict) -> float:
     return 100 * (row["ppl"] / reference["ppl"] - 1)
 
 
+# notes/feasibility.md: llmcompressor alone on SmolLM2-135M, 64 x 512 Jargon File windows, 20 other
+# evaluation windows (not recoverable: the notes do not say which), perplexity change.
+NOTES_PLAIN = {
+    "plain-gptq-g64": 27.0,
+    "plain-w8a8-sq-gptq": 1.2,
+    "plain-fp8": 2.7,
+    "plain-fp8-dynamic": 2.6,
+}
+
+
 def verdicts(runs: dict, reference: dict) -> list[str]:
     """The goals of issues 7 and 10, each with the figure that decides it."""
     done = {name: row for name, row in runs.items() if "ppl" in row}
@@ -494,24 +536,18 @@ def verdicts(runs: dict, reference: dict) -> list[str]:
             f"perplexity {_change(gptq, reference):+.1f}% vs {_change(rtn, reference):+.1f}%"
         )
     budget = [
-        n for n, r in done.items() if (r.get("avg_bits") or 99) <= AVG_BITS and n.startswith("quantkit-w4")
+        n for n, r in done.items() if n.startswith("quantkit-") and (r.get("avg_bits") or 99) <= AVG_BITS
     ]
-    budget += [n for n, r in done.items() if (r.get("avg_bits") or 99) <= AVG_BITS and "asym" in n]
     goal("W4A16 at <= 4.5 average weight bits, perplexity change <= +15%", budget, 15.0)
-    for baseline, what in (
-        ("plain-gptq-g64", "raw windows"),
-        ("plain-gptq-g64-chat", "the same chat-rendered windows"),
-    ):
-        if baseline not in done:
+    for plain, ours_name in PLAIN_PRESETS.items():
+        if plain not in done or ours_name not in done:
             continue
-        plain = _change(done[baseline], reference)
-        for name in ("quantkit-w4a16", "quantkit-w4a16-4.5", "quantkit-asym-g64-4.5-auto"):
-            if name in done:
-                ours = _change(done[name], reference)
-                verdict = "not worse" if ours <= plain else f"worse by {ours - plain:.1f} points"
-                lines.append(
-                    f"- {name} against plain llmcompressor GPTQ g64 on {what} ({plain:+.1f}%): {ours:+.1f}% ({verdict})"
-                )
+        theirs, ours = _change(done[plain], reference), _change(done[ours_name], reference)
+        verdict = "not worse" if ours <= theirs else f"worse by {ours - theirs:.1f} points"
+        lines.append(
+            f"- {ours_name} against llmcompressor alone on the same windows ({plain} {theirs:+.1f}%): "
+            f"{ours:+.1f}% ({verdict}; the notes measured {NOTES_PLAIN[plain]:+.1f}% on their own windows)"
+        )
     return lines
 
 
@@ -527,7 +563,7 @@ def results_section(saved: dict, wall_note: str) -> str:
         f"tokens from the first 60%, {settings['eval_windows']} disjoint evaluation windows from the last 40%. "
         "Every checkpoint is reloaded with transformers in float32 and scored against the float32 original on "
         "the same windows. quantkit runs calibrate on the windows as chat turns (as a calibration set holds "
-        "them); plain GPTQ on the raw windows.",
+        "them); llmcompressor alone (the plain-* rows) on the raw windows.",
         "",
         markdown(saved["runs"], reference),
         "",
@@ -600,7 +636,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from quantkit.recipes import Recipe, get_recipe
+    from quantkit.recipes import get_recipe
 
     folder = with_parts_template(smollm2_folder(work / "models"), work / "models")
     adapter = llama_adapter(folder)
@@ -617,7 +653,7 @@ def main() -> None:
         results_path.write_text(json.dumps(saved, indent=2) + "\n")
 
     table = None
-    if any("4.5" in r for r in runs):
+    if KL_TABLE_RUNS & set(runs):
         clock = time.perf_counter()
         table = measure_table(folder, adapter, tokenizer, calib, work)
         saved["sensitivity"] = {
@@ -629,15 +665,12 @@ def main() -> None:
         }
         print(f"sensitivity: {table.cost} ({time.perf_counter() - clock:.0f} s)", flush=True)
         save()
-    asym = Recipe(
-        name="w4a16-asym-g32",
-        hardware="bench",
-        scheme="W4A16",
-        method="gptq",
-        group_size=32,
-        symmetric=False,
-    )
-    asym64 = asym.model_copy(update={"name": "w4a16-asym-g64", "group_size": 64})
+    shipped = get_recipe("w4a16")
+    variants = {
+        "quantkit-w4a16": shipped,
+        "quantkit-w4a16-sym": symmetric_w4a16(),
+        "quantkit-asym-g32": shipped.model_copy(update={"name": "w4a16-g32", "group_size": 32}),
+    }
     for name in runs:
         row = saved["runs"].get(name)
         if row and "ppl" in row:
@@ -653,15 +686,15 @@ def main() -> None:
             selection = None if name == "rtn-g64" else name.rsplit("-", 1)[1]
             row = rtn_run(folder, adapter, table, ref, selection)
         else:
-            if name == "plain-gptq-g64":
-                info = plain_gptq(folder, calib, output)
-            elif name == "plain-gptq-g64-chat":
-                info = plain_gptq(folder, chat_windows(tokenizer, calib), output)
+            if name == "plain-gptq-g64-chat":
+                info = plain_oneshot(folder, chat_windows(tokenizer, calib), output, name)
+            elif name.startswith("plain-"):
+                info = plain_oneshot(folder, calib, output, name)
             else:
                 if name in EIGHT_BIT_RUNS:
                     recipe = get_recipe(name.removeprefix("quantkit-"))
                 else:
-                    recipe = (asym64 if "g64" in name else asym) if "asym" in name else get_recipe("w4a16")
+                    recipe = variants[name.removesuffix("-kl").removesuffix("-4.5")]
                 info = quantkit_run(
                     folder,
                     adapter,
@@ -670,8 +703,8 @@ def main() -> None:
                     output,
                     recipe=recipe,
                     avg_bits=AVG_BITS if "-4.5" in name else None,
-                    # asym-g32-4.5 reuses the g64 ranking (measuring again costs as much as a GPTQ run)
-                    sensitivity=table if name.endswith("4.5") else None,  # -auto: measured inside
+                    # -4.5: ranked inside quantize (what users get); -kl and asym-g32-4.5: the KL table
+                    sensitivity=table if name in KL_TABLE_RUNS else None,
                 )
             row = {**info, **score(load_checkpoint(output), ref)}
         row["run_s"] = round(time.perf_counter() - clock, 1)

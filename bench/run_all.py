@@ -238,8 +238,9 @@ def render(
         lines.append(f"| {recipe} | {x['format']} | **{x['size_ratio']:.4f}x** | {audit} |")
     lines += [
         "",
-        "Physical floor of W4A16, group 128, symmetric (no zero points), bf16 scales: "
-        f"(4 + 16/128) / 16 = 33/128 = **{s['w4a16_g128_floor']:.4f}x** (plus 16 bytes of `weight_shape` per layer). "
+        "Physical floor of W4A16 as shipped, group 128, bf16 scales and 4-bit zero points: "
+        f"(4 + 16/128 + 4/128) / 16 = **{s['w4a16_g128_floor']:.4f}x** (plus 16 bytes of `weight_shape` per layer; "
+        "without zero points 33/128 = 0.2578x). "
         "8-bit schemes: 0.5x plus one 16-bit scale per output channel (per-channel) or per tensor (static FP8).",
         "",
         REAL_WEIGHTS_HEADING,
