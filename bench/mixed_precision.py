@@ -25,7 +25,9 @@ With --all, also:
   rtn-g64-4.5-density, rtn-g64-4.5-score, rtn-g64-4.5-fisher
                        round-to-nearest with --avg-bits 4.5 layers at 8 bits, picked by KL per
                        promoted bit, by KL alone, or by the Fisher estimate (the selection rule)
-  plain-gptq-g64-chat  plain GPTQ on the windows rendered as chat turns, as quantkit calibrates
+  plain-gptq-g64-chat, plain-w8a8-sq-gptq-chat
+                       llmcompressor alone on the windows rendered as chat turns, as quantkit
+                       calibrates (the data format alone, separated from quantkit)
   quantkit-w4a16-4.5-kl  --avg-bits 4.5 on the measured KL table (`quantkit sensitivity`, ~25 min)
   quantkit-asym-g32, quantkit-asym-g32-4.5
                        zero points with group 32 (the GGUF's own grid), without and with --avg-bits
@@ -89,6 +91,7 @@ ALL_RUNS = [
     "rtn-g64-4.5-score",
     "rtn-g64-4.5-fisher",
     "plain-gptq-g64-chat",
+    "plain-w8a8-sq-gptq-chat",
     "quantkit-w4a16-4.5-kl",
     "quantkit-asym-g32",
     "quantkit-asym-g32-4.5",
@@ -278,8 +281,9 @@ def plain_oneshot(folder: Path, calib: list[torch.Tensor], output: Path, run: st
     data = Dataset.from_dict(
         {"input_ids": [w.tolist() for w in calib], "attention_mask": [[1] * len(w) for w in calib]}
     )
+    run = run.removesuffix("-chat")  # the caller renders the windows
     bits = {"plain-w8a8-sq-gptq": 8.0, "plain-fp8": 8.0, "plain-fp8-dynamic": 8.0}.get(run, 4.0)
-    if run in ("plain-gptq-g64", "plain-gptq-g64-chat"):
+    if run == "plain-gptq-g64":
         weights = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=64)
         scheme = QuantizationScheme(targets=["Linear"], weights=weights)
         recipe = [GPTQModifier(config_groups={"group_0": scheme}, ignore=["lm_head"])]
@@ -543,11 +547,20 @@ def verdicts(runs: dict, reference: dict) -> list[str]:
         if plain not in done or ours_name not in done:
             continue
         theirs, ours = _change(done[plain], reference), _change(done[ours_name], reference)
-        verdict = "not worse" if ours <= theirs else f"worse by {ours - theirs:.1f} points"
+        verdict = "not worse" if ours <= theirs else f"worse by {ours - theirs:.2f} points"
+        kl = f"KL {done[ours_name]['kl']:.4f} vs {done[plain]['kl']:.4f}"
         lines.append(
-            f"- {ours_name} against llmcompressor alone on the same windows ({plain} {theirs:+.1f}%): "
-            f"{ours:+.1f}% ({verdict}; the notes measured {NOTES_PLAIN[plain]:+.1f}% on their own windows)"
+            f"- {ours_name} against llmcompressor alone on the same windows ({plain} {theirs:+.2f}%): "
+            f"{ours:+.2f}% ({verdict}; {kl}; the notes measured {NOTES_PLAIN[plain]:+.1f}% on their own windows)"
         )
+        chat = plain + "-chat"
+        if chat in done:
+            theirs = _change(done[chat], reference)
+            verdict = "not worse" if ours <= theirs else f"worse by {ours - theirs:.2f} points"
+            lines.append(
+                f"  - and on the same chat-rendered windows quantkit calibrates on ({chat} {theirs:+.2f}%, "
+                f"KL {done[chat]['kl']:.4f}): {verdict}"
+            )
     return lines
 
 
@@ -686,7 +699,7 @@ def main() -> None:
             selection = None if name == "rtn-g64" else name.rsplit("-", 1)[1]
             row = rtn_run(folder, adapter, table, ref, selection)
         else:
-            if name == "plain-gptq-g64-chat":
+            if name.startswith("plain-") and name.endswith("-chat"):
                 info = plain_oneshot(folder, chat_windows(tokenizer, calib), output, name)
             elif name.startswith("plain-"):
                 info = plain_oneshot(folder, calib, output, name)
