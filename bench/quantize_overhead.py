@@ -1,7 +1,7 @@
 """Benchmark quantkit's overhead over a plain llmcompressor script (issue 7).
 
 Same tiny zoo model, same calibration samples turned into the same processor inputs
-(``quantkit.models.inputs.processor_inputs``), same recipe (GPTQ W4A16, group 128, actorder
+(``quantkit.models.inputs.processor_inputs``), same recipe (GPTQ W4A16 with zero points, group 128, actorder
 static, dampening 0.01), same targets ("Linear" minus quantkit's ignore list), same pipeline
 (llmcompressor's ``independent`` with the decoder layer as sequential target), both in float32
 and both loading the model, calibrating and saving a compressed checkpoint. Run alternately,
@@ -47,6 +47,7 @@ def plain_plan(model_dir: Path) -> dict:
     from quantkit.models.adapters import adapter_for
     from quantkit.quantize import resolve_targets
     from quantkit.recipes import resolve_recipe
+    from quantkit.recipes.modifiers import preset_name
 
     adapter = adapter_for(model_dir)
     recipe = resolve_recipe(RECIPE)
@@ -54,7 +55,7 @@ def plain_plan(model_dir: Path) -> dict:
     if adapter.pipeline != "sequential":
         raise SystemExit(f"{model_dir.name}: the plain script here mirrors the sequential pipeline only")
     return {
-        "scheme": recipe.scheme,
+        "scheme": preset_name(recipe),  # W4A16_ASYM: the shipped w4a16 has zero points
         "actorder": recipe.actorder,
         "dampening_frac": recipe.dampening_frac,
         "targets": targets.targets,
