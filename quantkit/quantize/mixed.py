@@ -112,6 +112,12 @@ def is_expert(name: str) -> bool:
     return "experts" in name.split(".")[:-1]
 
 
+def four_bit_symmetric(name: str, recipe_symmetric: bool) -> bool:
+    """Whether layer ``name`` takes the 4-bit scheme without zero points: the recipe says so, or
+    it is an MoE expert (see the module doc)."""
+    return recipe_symmetric or is_expert(name)
+
+
 def fusion_units(names: list[str]) -> dict[str, list[str]]:
     units: dict[str, list[str]] = defaultdict(list)
     for name in names:
@@ -239,7 +245,7 @@ class PrecisionPlan:
 
     def layer_symmetric(self, name: str) -> bool:
         """Whether the 4-bit scheme of ``name`` has no zero points."""
-        return self.symmetric or name in set(self.symmetric_experts)
+        return four_bit_symmetric(name, self.symmetric)
 
     def group_sizes(self, names: list[str]) -> dict[str, int | None]:
         """Per layer: the group size it will be quantized with (None: per-channel 8-bit)."""
@@ -386,15 +392,14 @@ def plan_precision(
     unit_params = {unit: sum(params[n] for n in layers) for unit, layers in units.items()}
     total = sum(params.values())
 
-    def symmetric(name: str) -> bool:
-        return recipe.symmetric or is_expert(name)
-
     def cost(unit: str, bits: int) -> float:
         """Bits this unit costs at ``bits`` (budget accounting)."""
         if not count_overhead:
             return bits * unit_params[unit]
         return sum(
-            layer_bits(bits, in_features[n], choice.group_size, symmetric(n)) * params[n] for n in units[unit]
+            layer_bits(bits, in_features[n], choice.group_size, four_bit_symmetric(n, recipe.symmetric))
+            * params[n]
+            for n in units[unit]
         )
 
     high_units: dict[str, str] = {}
@@ -457,7 +462,12 @@ def plan_precision(
     nominal = (HIGH_BITS * params_high + LOW_BITS * (total - params_high)) / total
     effective = (
         sum(
-            layer_bits(HIGH_BITS if n in high else LOW_BITS, in_features[n], choice.group_size, symmetric(n))
+            layer_bits(
+                HIGH_BITS if n in high else LOW_BITS,
+                in_features[n],
+                choice.group_size,
+                four_bit_symmetric(n, recipe.symmetric),
+            )
             * params[n]
             for n in names
         )
