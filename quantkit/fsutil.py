@@ -1,23 +1,266 @@
-"""Writing output folders so that nothing half-written ever looks complete."""
+"""The file system, used safely: outputs that never overwrite an input, checks before any work
+(writable, enough free space, complete model files), and output folders written so that nothing
+half-written ever looks complete."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import json
+import logging
 import os
+import re
 import shutil
-from collections.abc import Iterator
+import struct
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from quantkit.errors import InputError
+from quantkit.errors import CheckFailed, InputError
+
+log = logging.getLogger("quantkit")
+
+# What a run leaves beside OUTPUT while it writes: ``.NAME.partial-PID`` (atomic_output_dir) and
+# ``.NAME.old-PID`` (the previous output during the final swap).
+_STAGING = re.compile(r"^\.(?P<name>.+)\.(?P<kind>partial|old)-(?P<pid>\d+)$")
+DISK_MARGIN_BYTES = 16 * 2**20  # besides 5% of the estimate: sidecar files, a shard rewritten, metadata
 
 
-def check_output_free(output: Path, force: bool) -> None:
-    """Fail early, before any work, when ``output`` exists and ``force`` is off."""
+# ---------------------------------------------------------------------- inputs and outputs overlap
+
+
+def _ancestors(path: Path) -> Iterator[Path]:
+    yield path
+    yield from path.parents
+
+
+def _within(inner: Path, outer: Path) -> bool:
+    """``inner`` is ``outer`` or lies below it: by resolved path (symlinks followed), and by file
+    identity for what exists (bind mounts, hard-linked or case-folded names)."""
+    inner, outer = inner.resolve(), outer.resolve()
+    if inner == outer or outer in inner.parents:
+        return True
+    if not outer.exists():
+        return False
+    for ancestor in _ancestors(inner):
+        try:
+            if ancestor.exists() and os.path.samefile(ancestor, outer):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def refuse_overlap(
+    output: Path | None,
+    inputs: Mapping[str, Path | Iterable[Path | None] | None],
+    *,
+    option: str = "--output",
+    inside_ok: Iterable[str] = (),
+) -> None:
+    """Refuse (InputError, exit 2) an ``output`` that is, contains, or sits inside one of
+    ``inputs`` (a description -> path(s) mapping; None entries are skipped), whatever --force says.
+
+    Called by every command's stage function before it touches anything: replacing ``output``
+    would otherwise delete an input, and writing into it would change one. ``inside_ok`` names
+    inputs the output may sit inside by design (verify.json in the checkpoint it audits)."""
+    if output is None:
+        return
+    output, allowed = Path(output), set(inside_ok)
+    for what, paths in inputs.items():
+        if paths is None:
+            continue
+        for path in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
+            if path is None:
+                continue
+            path = Path(path)
+            if _within(path, output):
+                relation = "is" if _within(output, path) else "contains"
+                raise InputError(
+                    f"{option} {relation} the {what} {path}: writing it would destroy that input",
+                    path=output,
+                    hint=f"choose another {option} outside every input; --force never replaces an input",
+                )
+            if what not in allowed and _within(output, path) and path.is_dir():
+                raise InputError(
+                    f"{option} sits inside the {what} {path}: quantkit never writes into its inputs",
+                    path=output,
+                    hint=f"choose another {option} outside {path}",
+                )
+
+
+def refuse_calibrate_overlap(
+    output: Path, pools: Iterable[Path], taxonomy: Path | None, model: Path | None
+) -> None:
+    """:func:`refuse_overlap` for ``calibrate``: the pool files, their media folders (media paths
+    resolve inside the pool file's folder, or the pool folder itself), the taxonomy, the model.
+
+    A set may go beside its pool (``calibrate pool.jsonl --output calib``): a new folder inside
+    the media folder, or a previous set there, holds no media; any other existing folder might."""
+    pools, output = [Path(p) for p in pools], Path(output)
+    replaceable = not output.exists() or (output / "report.json").is_file()
+    refuse_overlap(
+        output,
+        {
+            "pool": pools,
+            "pool's media folder": [p if p.is_dir() else p.parent for p in pools],
+            "taxonomy": taxonomy,
+            "model folder": model,
+        },
+        inside_ok=["pool's media folder"] if replaceable else [],
+    )
+
+
+# ---------------------------------------------------------------------- checks before the work
+
+
+def _existing_ancestor(path: Path) -> Path:
+    """The nearest part of ``path`` that exists (where creating it would start)."""
+    for ancestor in Path(os.path.abspath(path)).parents:
+        if ancestor.exists():
+            return ancestor
+    return Path("/")
+
+
+def check_writable(output: Path, *, option: str = "--output") -> Path:
+    """Fail (InputError) unless files can be created where ``output`` goes: create and remove a
+    probe in the nearest existing folder above it. Returns that folder."""
+    output = Path(output)
+    base = _existing_ancestor(output)
+    if not base.is_dir():
+        raise InputError(
+            f"{option} is under {base}, which is a file, not a folder",
+            path=output,
+            hint=f"choose another {option}, in a folder",
+        )
+    probe = base / f".quantkit-probe-{os.getpid()}"
+    try:
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as err:
+        raise InputError(
+            f"cannot write {option} here: creating a file in {base} fails ({err.strerror})",
+            path=output,
+            hint=f"choose another {option} on a writable disk, or make {base} writable",
+        ) from None
+    return base
+
+
+def check_free_space(output: Path, need_bytes: int, *, what: str = "the output") -> None:
+    """Fail (InputError) when the disk ``output`` goes to holds less than ``need_bytes`` plus a margin."""
+    base = _existing_ancestor(output)
+    free = shutil.disk_usage(base).free
+    required = int(need_bytes * 1.05) + DISK_MARGIN_BYTES
+    if free < required:
+        raise InputError(
+            f"not enough free space for {what}: it needs about {_mib(need_bytes)} "
+            f"(plus a margin: {_mib(required)}), the disk holding {base} has {_mib(free)} free",
+            path=output,
+            hint="free some space or choose an output on another disk",
+        )
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB" if size < 2**30 else f"{size / 2**30:.2f} GiB"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def remove_stale_staging(output: Path) -> list[Path]:
+    """Remove the ``.NAME.partial-PID`` folders a killed run left beside ``output`` (their PID is
+    dead) and say so; a ``.NAME.old-PID`` is removed only when ``output`` exists (otherwise it
+    holds the only copy of the previous output: it is named, not removed)."""
+    output = Path(output)
+    parent = output.parent
+    if not parent.is_dir():
+        return []
+    removed = []
+    for entry in sorted(parent.iterdir()):
+        match = _STAGING.match(entry.name)
+        if not match or match["name"] != output.name or _pid_alive(int(match["pid"])):
+            continue
+        if match["kind"] == "old" and not output.exists():
+            log.warning(
+                f"{entry} holds the previous {output.name} of a run that was killed; rename it back to keep it"
+            )
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry)
+        log.warning(f"removed {entry}, left by a killed run (process {match['pid']} is gone)")
+    return removed
+
+
+def check_output_free(output: Path, force: bool, *, need_bytes: int | None = None) -> None:
+    """Fail early, before any work: ``output`` exists and ``force`` is off, it is not a folder,
+    nothing can be written there, or (with ``need_bytes``) its disk is too full. Removes the
+    staging folders killed runs left beside it."""
+    output = Path(output)
     if output.exists() and not force:
         raise InputError("output already exists", path=output, hint="choose another path or pass --force")
     if output.exists() and not output.is_dir():
         raise InputError("output exists and is not a folder", path=output)
+    check_writable(output)
+    remove_stale_staging(output)
+    if need_bytes is not None:
+        check_free_space(output, need_bytes)
+
+
+def as_os_error(err: BaseException) -> OSError | None:
+    """``err`` as the OSError it is or wraps: safetensors' writer reports a full disk as a
+    SafetensorError whose text ends in "(os error 28)"."""
+    if isinstance(err, OSError):
+        return err
+    found = re.search(r"\(os error (\d+)\)", str(err)) if isinstance(err, Exception) else None
+    if found is None:
+        return None
+    code = int(found[1])
+    return OSError(code, os.strerror(code))
+
+
+def write_error(err: OSError, output: Path) -> CheckFailed:
+    """What the user reads when writing ``output`` failed after the work (disk full, quota)."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return CheckFailed(
+            f"the disk filled up while writing the output ({err.strerror}); nothing was written",
+            path=output,
+            hint="free some space (or choose an output on another disk) and run again",
+        )
+    return CheckFailed(
+        f"writing the output failed: {err.strerror or err}; nothing was written",
+        path=output,
+        hint="check the disk and the folder's permissions, then run again",
+    )
+
+
+def default_mode(directory: bool = False) -> int:
+    """The mode a new file (folder) gets under the process's umask, as ``open`` / ``mkdir`` give it."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return (0o777 if directory else 0o666) & ~mask
+
+
+def share_modes(folder: Path) -> None:
+    """Give every file under ``folder`` the umask's default mode: some writers (safetensors) create
+    0600 files, and a checkpoint is meant to be read by other users (a vLLM container)."""
+    file_mode, dir_mode = default_mode(), default_mode(directory=True)
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), dir_mode)
+        for name in files:
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, file_mode)
 
 
 @contextmanager
@@ -25,19 +268,27 @@ def atomic_output_dir(output: Path, *, force: bool = False) -> Iterator[Path]:
     """Yield a staging folder beside ``output``; on success it replaces ``output`` in one rename.
 
     If the body raises or the process dies, ``output`` is untouched and only a hidden
-    ``.NAME.partial-PID`` folder can remain, which nothing reads as a result.
+    ``.NAME.partial-PID`` folder can remain, which nothing reads as a result (and the next run
+    removes). A full disk while writing is a CheckFailed (exit 1), the staging folder removed.
     """
     output = Path(output)
     check_output_free(output, force)
-    output.parent.mkdir(parents=True, exist_ok=True)
     staging = output.parent / f".{output.name}.partial-{os.getpid()}"
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir()
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir()
+    except OSError as err:
+        raise write_error(err, output) from None
     try:
         yield staging
-    except BaseException:
+        share_modes(staging)
+    except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
+        cause = as_os_error(err)
+        if cause is not None:
+            raise write_error(cause, output) from None
         raise
     previous = None
     if output.exists():
@@ -46,6 +297,81 @@ def atomic_output_dir(output: Path, *, force: bool = False) -> Iterator[Path]:
     staging.rename(output)
     if previous is not None:
         shutil.rmtree(previous, ignore_errors=True)
+
+
+def write_file_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a hidden partial file and one rename."""
+    path = Path(path)
+    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
+# ---------------------------------------------------------------------- model files
+
+
+def safetensors_problems(folder: Path) -> list[str]:
+    """What is wrong with the ``*.safetensors`` files of ``folder``, from their headers and sizes
+    alone (no weight is read): a header that does not parse, tensors that end past the end of
+    the file (a truncated download or copy), shards the index names that are missing."""
+    folder = Path(folder)
+    problems = []
+    for file in sorted(folder.glob("*.safetensors")):
+        size = file.stat().st_size
+        try:
+            with open(file, "rb") as handle:
+                head = handle.read(8)
+                if len(head) < 8:
+                    raise ValueError(f"{size} bytes, shorter than a safetensors header")
+                (length,) = struct.unpack("<Q", head)
+                if 8 + length > size:
+                    raise ValueError(f"the header says {8 + length} bytes of header, the file has {size}")
+                header = json.loads(handle.read(length))
+            ends = [
+                info["data_offsets"][1]
+                for key, info in header.items()
+                if key != "__metadata__" and isinstance(info, dict)
+            ]
+        except (ValueError, KeyError, TypeError, IndexError) as err:
+            problems.append(f"{file.name}: not a readable safetensors file ({err})")
+            continue
+        expected = 8 + length + max(ends, default=0)
+        if size < expected:
+            problems.append(f"{file.name}: truncated: its header needs {expected} bytes, the file has {size}")
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+        except (ValueError, KeyError, AttributeError) as err:
+            problems.append(f"{index.name}: not a readable index ({err})")
+        else:
+            problems += [
+                f"{name}: named by {index.name} but missing"
+                for name in sorted(shards)
+                if not (folder / name).is_file()
+            ]
+    return problems
+
+
+def check_model_folder(folder: Path, *, what: str = "model folder") -> Path:
+    """Fail (InputError) unless ``folder`` is an existing folder whose safetensors files are complete."""
+    folder = Path(folder)
+    if not folder.exists():
+        raise InputError(f"the {what} does not exist", path=folder, hint="check the path")
+    if not folder.is_dir():
+        raise InputError(f"the {what} is a file, not a folder", path=folder, hint=f"pass the {what}")
+    problems = safetensors_problems(folder)
+    if problems:
+        raise InputError(
+            f"the {what}'s weights are damaged: " + "; ".join(problems),
+            path=folder,
+            hint="download or copy the model again (the file sizes must match their headers)",
+        )
+    return folder
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

@@ -51,6 +51,15 @@ def load_calibration_report(path: Path) -> dict:
     return report
 
 
+def _damaged(samples: Path, line: int, problem: str) -> InputError:
+    return InputError(
+        f"{problem}: the calibration set is damaged",
+        path=samples,
+        line=line,
+        hint="build the set again with `quantkit calibrate`",
+    )
+
+
 def load_calibration_set(path: Path):
     """Load a calibration set folder as a ``datasets.Dataset``.
 
@@ -62,8 +71,18 @@ def load_calibration_set(path: Path):
 
     report = load_calibration_report(path)
     samples = Path(path) / report.get("samples_file", SAMPLES_FILE)
+    rows = []
     with open(samples, encoding="utf-8") as handle:
-        rows = [json.loads(line) for line in handle if line.strip()]
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise _damaged(samples, number, f"not a JSON line ({err.msg}, column {err.colno})") from None
+            if not isinstance(row, dict):
+                raise _damaged(samples, number, "a row is not a JSON object")
+            rows.append(row)
     features = datasets.Features(
         {
             "id": datasets.Value("string"),

@@ -14,7 +14,7 @@ from quantkit import __version__
 from quantkit.calibset.allocate import allocate, choose
 from quantkit.calibset.report import summarize, write_report_markdown
 from quantkit.errors import InputError
-from quantkit.fsutil import atomic_output_dir, check_output_free, sha256_file
+from quantkit.fsutil import atomic_output_dir, check_output_free, refuse_calibrate_overlap, sha256_file
 from quantkit.pool import PoolRecord, read_pool
 from quantkit.pool.reader import gc_paused
 from quantkit.taxonomy import DEFAULT_TAXONOMY, Taxonomy, load_taxonomy
@@ -90,6 +90,7 @@ def build_calibration_set(
     hooks = _Hooks(on_bytes, on_phase)
     output = Path(output)
     _validate_options(options)
+    refuse_calibrate_overlap(output, pools, options.taxonomy, options.model)
     check_output_free(output, options.force)
     taxonomy_path = Path(options.taxonomy) if options.taxonomy else DEFAULT_TAXONOMY
     taxonomy = load_taxonomy(taxonomy_path)

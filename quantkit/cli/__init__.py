@@ -19,6 +19,7 @@ app = typer.Typer(
         "that vLLM loads. Exit codes: 0 success, 1 a check failed, 2 bad input or usage."
     ),
     no_args_is_help=True,
+    rich_markup_mode="markdown",  # the renderer wraps paragraphs; indented examples stay literal
     pretty_exceptions_enable=False,
     add_completion=False,
 )

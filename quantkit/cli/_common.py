@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from quantkit.errors import QuantkitError
+from quantkit.errors import CheckFailed, QuantkitError
 
 console = Console()
 err_console = Console(stderr=True)
@@ -28,15 +29,43 @@ def report_error(error: QuantkitError) -> None:
         err_console.print(f"  [yellow]hint:[/] {escape(error.hint)}", soft_wrap=True)
 
 
+class NoteHandler(logging.Handler):
+    """quantkit's own log warnings (a stale staging folder removed, ...) as notes on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        err_console.print(f"[yellow]note:[/] {escape(record.getMessage())}", soft_wrap=True)
+
+
+def _show_notes() -> None:
+    logger = logging.getLogger("quantkit")
+    if not any(isinstance(h, NoteHandler) for h in logger.handlers):
+        logger.addHandler(NoteHandler(logging.INFO))
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
 class QuantkitGroup(TyperGroup):
-    """Root command group: every QuantkitError raised below it becomes a message and an exit code."""
+    """Root command group: every QuantkitError raised below it becomes a message and an exit code;
+    so does an OSError (a disk that fails or fills up under a running command): exit 1."""
 
     def invoke(self, ctx: Any) -> Any:
+        _show_notes()
         try:
             return super().invoke(ctx)
         except QuantkitError as error:
             report_error(error)
             raise typer.Exit(error.exit_code) from None
+        except BrokenPipeError:
+            raise  # the reader went away (| head): nothing to report
+        except OSError as error:
+            report_error(
+                CheckFailed(
+                    error.strerror or str(error),
+                    path=error.filename,
+                    hint="a file-system error while working; nothing half-written is left as a result",
+                )
+            )
+            raise typer.Exit(1) from None
 
 
 Force = Annotated[bool, typer.Option("--force", help="Replace the output if it exists.")]

@@ -42,7 +42,7 @@ def build(
     ],
     model: Annotated[Path, typer.Option(help="The original model folder.")],
     output_root: Annotated[
-        Path, typer.Option(help="Folder for OUTPUT_ROOT/<model>-<recipe>/ and build.json.")
+        Path, typer.Option(help="Folder for `OUTPUT_ROOT/MODEL-RECIPE/` and build.json.")
     ],
     calib: Annotated[
         Path | None, typer.Option(help="Calibration-set folder (for recipes that need data, and drift).")
@@ -61,7 +61,10 @@ def build(
     target does not stop the others; the exit code is 1 if any failed. A re-run skips checkpoints
     whose inputs did not change and that passed (unless --force).
 
-    Example: quantkit build --target h20 --target rtx4090 --model models/omni --calib calib --output-root out
+    Example:
+
+        quantkit build --target h20 --target rtx4090 --model models/omni \\
+            --calib calib --output-root out
     """
     from quantkit.cli.verify import print_verify_report
     from quantkit.targets import build_checkpoints

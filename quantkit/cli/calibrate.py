@@ -59,7 +59,9 @@ def calibrate(
     ones. The folder holds samples.jsonl (read it with quantkit.calibset.load_calibration_set),
     report.json and report.md.
 
-    Example: quantkit calibrate pool/train.jsonl --output calib --size 5000 --model models/omni
+    Example:
+
+        quantkit calibrate pool/train.jsonl --output calib --model models/omni
     """
     from quantkit.calibset import CalibrateOptions, build_calibration_set
 

@@ -75,7 +75,9 @@ def eval_command(
     Exit code 0 when every checkpoint is within the allowed loss, 1 when one is not, 2 for bad
     input (unknown task, missing folder, backend not available).
 
-    Example: quantkit eval models/base out/base-fp8 out/base-w8a8 --tasks quantkit_prose --limit 20
+    Example:
+
+        quantkit eval models/base out/base-fp8 out/base-w8a8 --tasks quantkit_prose
     """
     from quantkit.eval import evaluate_checkpoints
 

@@ -153,11 +153,12 @@ def quantize(
     were quantized, and writes atomically.
 
     Examples:
-      quantkit quantize models/omni --recipe w4a16 --calib calib --output out/omni-w4a16
-      quantkit quantize models/omni --recipe fp8-dynamic --output out/omni-fp8 --dry-run
+
+        quantkit quantize models/omni --recipe w4a16 --calib calib -o out/omni-w4a16
+        quantkit quantize models/omni --recipe fp8-dynamic -o out/omni-fp8 --dry-run
     """
     from quantkit.errors import InputError
-    from quantkit.fsutil import check_output_free
+    from quantkit.fsutil import check_model_folder, check_output_free, refuse_overlap
     from quantkit.models.adapters import adapter_for
     from quantkit.models.inputs import processor_capabilities
     from quantkit.quantize import plan as make_plan
@@ -178,6 +179,21 @@ def quantize(
             f"--nproc splits calibration samples across ranks; recipe {chosen.name!r} uses none",
             hint="drop --nproc (data-free recipes take seconds on one process)",
         )
+    # Before reading anything heavy (processor, set, weights): the model folder and its files,
+    # an output that would overwrite an input, an output that cannot be written.
+    check_model_folder(model)
+    refuse_overlap(
+        output,
+        {
+            "model folder": model,
+            "calibration set": calib,
+            "sensitivity table": sensitivity,
+            "adapter file": adapter,
+            "feature cache": cache_dir or default_cache_dir(),
+        },
+    )
+    if not dry_run:
+        check_output_free(output, force)
     resolved_adapter = adapter_for(model, adapter)
     if trust_remote_code:
         resolved_adapter = resolved_adapter.model_copy(update={"trust_remote_code": True})
@@ -197,7 +213,6 @@ def quantize(
             raise InputError(
                 f"{len(samples)} calibration sample(s) for --nproc {nproc}: every rank needs one"
             )
-        check_output_free(output, force)  # before starting ranks that would each say so
         argv = _relaunch_argv(
             model=model,
             recipe=recipe,
@@ -304,6 +319,8 @@ def print_plan(plan: dict, drawn) -> None:
         if drawn and drawn.left_out:
             console.print(f"left out (modality the model does not take): {json.dumps(drawn.left_out)}")
     print_precision(plan.get("precision"))
+    if plan.get("checkpoint_bytes"):
+        console.print(f"checkpoint: about {plan['checkpoint_bytes'] / 2**20:.1f} MiB")
     if plan["known_failure"]:
         console.print(f"[yellow]known failure:[/] {plan['known_failure']}")
 

@@ -88,15 +88,24 @@ def sensitivity(
     decoder block from cached block inputs (about half a forward on average); the reference runs
     once. --method fisher estimates every layer from one forward and a few backward passes.
 
-    Example: quantkit sensitivity models/qwen3 --calib calib --num-samples 8 -o sensitivity.json
+    Example:
+
+        quantkit sensitivity models/qwen3 --calib calib --num-samples 8 -o sens.json
     """
     from quantkit.cli.quantize import default_cache_dir
+    from quantkit.fsutil import check_model_folder, check_writable, refuse_overlap
     from quantkit.models.adapters import adapter_for
     from quantkit.models.inputs import processor_capabilities
     from quantkit.quantize.calibration_set import samples_from_set
     from quantkit.sensitivity import save_table
     from quantkit.sensitivity import sensitivity as measure
 
+    check_model_folder(model)
+    cache = cache_dir or default_cache_dir()
+    refuse_overlap(cache, {"model folder": model, "calibration set": calib}, option="--cache-dir")
+    if output is not None:  # before hours of measuring
+        refuse_overlap(output, {"model folder": model, "calibration set": calib, "feature cache": cache})
+        check_writable(output)
     resolved = adapter_for(model, adapter)
     kinds = processor_capabilities(resolved.load_processor(model))
     drawn = samples_from_set(calib, model_kinds=kinds, num_samples=num_samples, seed=seed)
@@ -111,7 +120,7 @@ def sensitivity(
         max_seq_len=max_seq_len,
         max_positions=positions,
         method=method.value,
-        cache_dir=cache_dir or default_cache_dir(),
+        cache_dir=cache,
     )
     print_table(table, top)
     if output is not None:

@@ -32,8 +32,14 @@ def verify(
     min_cosine: Annotated[
         float | None, typer.Option(help="Override the recipe's logit-cosine threshold.")
     ] = None,
+    report_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--report", help="Write the report here (default: verify.json in the checkpoint folder)."
+        ),
+    ] = None,
 ) -> None:
-    """Check a quantized checkpoint and write verify.json beside it.
+    """Check a quantized checkpoint and write verify.json in it (or where --report says).
 
     Always: the audit (quantization_config valid; every quantized tensor has the scheme's dtype and
     shape; every scale finite and positive; every ignore entry matches a module; only the
@@ -42,9 +48,12 @@ def verify(
     vLLM generates for a text prompt (and image / audio where the model takes them) and transformers
     must agree; a scheme the local vLLM backend has no kernel for is reported as skipped.
 
-    Exit code 0 when everything that ran passed, 1 when a check failed.
+    Exit code 0 when everything that ran passed, 1 when a check failed or the report could not
+    be saved (a read-only checkpoint folder: the result is printed; pass --report PATH).
 
-    Example: quantkit verify out/omni-w4a16 --reference models/omni --calib calib --vllm
+    Example:
+
+        quantkit verify out/omni-w4a16 --reference models/omni --calib calib --vllm
     """
     from quantkit.verify import DriftThresholds, recipe_thresholds, verify_checkpoint
 
@@ -63,10 +72,28 @@ def verify(
         vllm=vllm,
         thresholds=thresholds,
         num_samples=num_samples,
+        report_path=report_path,
     )
     print_verify_report(report)
+    if report.saved_to is not None:
+        console.print(f"wrote {report.saved_to}")
+    else:
+        console.print(
+            f"[red]the report could not be saved:[/] {report.not_saved} (the result is above; "
+            "pass --report PATH to write it elsewhere)"
+        )
     if not report.passed:
-        raise CheckFailed("verification failed", path=checkpoint, hint="see the table above and verify.json")
+        raise CheckFailed(
+            "verification failed",
+            path=checkpoint,
+            hint=f"see the table above and {report.saved_to}" if report.saved_to else "see the table above",
+        )
+    if report.not_saved is not None:
+        raise CheckFailed(
+            "every check passed, but the report could not be saved",
+            path=checkpoint,
+            hint="pass --report PATH to write it elsewhere",
+        )
 
 
 def _mark(passed: bool) -> str:
@@ -79,10 +106,11 @@ def print_verify_report(report) -> None:
     for check in audit.checks:
         table.add_row(check.name, _mark(check.passed), check.detail)
     console.print(table)
-    console.print(
-        f"language-model Linear weights: {audit.language_model_bytes_16bit / 2**20:.2f} MiB in 16-bit -> "
-        f"{audit.language_model_bytes_stored / 2**20:.2f} MiB stored ({audit.size_ratio:.3f}x)"
-    )
+    if audit.language_model_bytes_16bit:
+        console.print(
+            f"language-model Linear weights: {audit.language_model_bytes_16bit / 2**20:.2f} MiB in 16-bit -> "
+            f"{audit.language_model_bytes_stored / 2**20:.2f} MiB stored ({audit.size_ratio:.3f}x)"
+        )
     if report.drift is not None:
         drift = report.drift
         table = Table(

@@ -9,7 +9,10 @@ from rich.table import Table
 
 from quantkit.cli._common import Force, OutputDir, Seed, console
 
-app = typer.Typer(help="Tiny random-weight models of the supported architectures (nothing is downloaded).")
+app = typer.Typer(
+    help="Tiny random-weight models of the supported architectures (nothing is downloaded).",
+    rich_markup_mode="markdown",
+)
 
 
 @app.command("list")
@@ -38,7 +41,9 @@ def build(
     """Write a tiny model folder (config, bf16 safetensors, tokenizer, processor) that
     `AutoProcessor.from_pretrained` and `AutoModel*.from_pretrained` load.
 
-    Example: quantkit zoo build tiny-qwen2.5-omni --output models/omni
+    Example:
+
+        quantkit zoo build tiny-qwen2.5-omni --output models/omni
     """
     from quantkit.zoo.models import build_zoo_model
 
@@ -55,7 +60,10 @@ def demo_pool(
     """Write the built-in demo pool: a JSONL in the ms-swift / LLaMA-Factory format with real
     image, video and audio files made on the spot, covering every task family.
 
-    Example: quantkit demo-pool --output demo/pool && quantkit calibrate demo/pool/pool.jsonl ...
+    Example:
+
+        quantkit demo-pool --output demo/pool
+        quantkit calibrate demo/pool/pool.jsonl --output demo/calib
     """
     from quantkit.zoo.demo_pool import write_demo_pool
 

@@ -23,6 +23,7 @@ from quantkit.eval.backends import BACKENDS, HarnessRun, run_hf, run_in_environm
 from quantkit.eval.compare import DEFAULT_MAX_LOSS, Comparison, compare, scores_from_results
 from quantkit.eval.report import write_results
 from quantkit.eval.tasks import task_catalog
+from quantkit.fsutil import refuse_overlap
 
 
 @dataclass
@@ -180,6 +181,11 @@ def evaluate_checkpoints(
         raise InputError("no task given", hint="e.g. --tasks quantkit_prose_ppl")
     original, checkpoints = check_inputs(
         original, checkpoints, limit=limit, backend=backend, max_loss=max_loss, batch_size=batch_size
+    )
+    refuse_overlap(
+        cache_dir,
+        {"original model": original, "checkpoint": checkpoints, "task folder": include_paths},
+        option="--cache-dir",
     )
     python = None
     if backend == "vllm":

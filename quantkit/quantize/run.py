@@ -30,7 +30,7 @@ import torch
 
 from quantkit.errors import InputError
 from quantkit.export import join_compressed_save, library_versions, peak_rss_mb, write_checkpoint
-from quantkit.fsutil import atomic_output_dir, check_output_free
+from quantkit.fsutil import atomic_output_dir, check_model_folder, check_output_free, refuse_overlap
 from quantkit.models.adapters import Adapter, adapter_for, model_architecture
 from quantkit.models.inputs import Sample
 from quantkit.quantize.distributed import (
@@ -104,6 +104,7 @@ class QuantizePlan:
     ignore: list[str]
     group_size: int | None = None  # chosen for the model (group-wise schemes)
     precision: dict | None = None  # group size, 8-bit layers and the average (W4A16 family)
+    checkpoint_bytes: int = 0  # estimated size of the written checkpoint (the free-space check)
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -224,10 +225,84 @@ def with_options(recipe: Recipe, *, group_size: int | None = None) -> Recipe:
     """The recipe with command-line overrides, validated like a recipe file."""
     if group_size is None:
         return recipe
+    if recipe.scheme not in GROUP_SCHEMES:
+        raise InputError(
+            f"--group-size applies to 4-bit weight recipes ({', '.join(sorted(GROUP_SCHEMES))}); "
+            f"recipe {recipe.name!r} is {recipe.scheme}, whose weights have one scale per output channel",
+            hint="drop --group-size, or use the w4a16 recipe",
+        )
+    if group_size < 8 or group_size % 8:
+        raise InputError(
+            f"--group-size {group_size}: a group size is a multiple of 8 (e.g. 32, 64, 128)",
+            hint="or leave it out: quantize picks the largest of 128, 64, 32 that divides every layer",
+        )
     try:
         return Recipe.model_validate({**recipe.model_dump(), "group_size": group_size})
     except ValueError as err:
         raise InputError(f"--group-size {group_size}: {err}") from None
+
+
+def check_group_size_fits(model: torch.nn.Module, targets: TargetPlan, recipe: Recipe) -> None:
+    """A chosen group size (--group-size or the recipe's) that divides no targeted layer would
+    turn a 4-bit run into an all-8-bit model: refuse it, naming sizes that fit."""
+    group = recipe.group_size
+    if group is None or recipe.scheme not in GROUP_SCHEMES or not targets.quantize:
+        return
+    modules = dict(model.named_modules())
+    widths = sorted({modules[name].in_features for name in targets.quantize if name in modules})
+    if widths and all(width % group for width in widths):
+        fitting = [g for g in (128, 64, 32, 16, 8) if all(width % g == 0 for width in widths)]
+        raise InputError(
+            f"group size {group} divides none of the targeted layers' input widths "
+            f"({', '.join(map(str, widths))}): every layer would stay at 8 bits, not the recipe's 4",
+            hint=f"choose one that divides them ({', '.join(map(str, fitting[:3]))})"
+            if fitting
+            else "leave --group-size out, or use an 8-bit recipe",
+        )
+
+
+def checkpoint_size_estimate(
+    model: torch.nn.Module,
+    targets: TargetPlan,
+    recipe: Recipe,
+    precision: PrecisionPlan | None,
+    dtype: torch.dtype,
+    model_dir: Path,
+    avg_bits: float | None = None,
+) -> int:
+    """Bytes the checkpoint will take, from the module tree on the meta device: quantized weights
+    at their bits (scales and zero points included), the rest in the saved dtype, plus the
+    source's other files (tokenizer, processor)."""
+    item = torch.empty((), dtype=dtype).element_size()
+    quantized = set(targets.quantize)
+    seen: set[int] = set()
+    kept_bytes = quantized_weights = rows = 0
+    for name, module in model.named_modules():
+        for param_name, param in module.named_parameters(recurse=False):
+            if id(param) in seen:
+                continue  # tied weights are saved once
+            seen.add(id(param))
+            if name in quantized and param_name == "weight":
+                quantized_weights += param.numel()
+                rows += param.shape[0]
+            else:
+                kept_bytes += param.numel() * item
+    if precision is not None:
+        bits = max(
+            precision.effective_bits, (avg_bits or 0.0) + (precision.effective_bits - precision.avg_bits)
+        )
+    else:
+        bits = resolved_scheme(recipe).get("weights", {}).get("num_bits", 8)
+    scales = rows * 8  # a scale (and zero point) per output row: per-channel schemes
+    others = sum(
+        f.stat().st_size for f in Path(model_dir).iterdir() if f.is_file() and f.suffix != ".safetensors"
+    )
+    return int(kept_bytes + quantized_weights * bits / 8 + scales + others)
+
+
+def media_folders(samples: list[Sample]) -> list[Path]:
+    """The folders the samples' media files are in (inputs an output must not overlap)."""
+    return sorted({Path(path).parent for s in samples for path in (*s.images, *s.videos, *s.audios)})
 
 
 def check_precision_options(recipe: Recipe, avg_bits: float | None) -> None:
@@ -337,7 +412,7 @@ def plan(
     config only (the model is built on the meta device). For W4A16 recipes: the group size, the
     layers kept at 8 bits because none divides them, and, with ``sensitivity``, the layers
     ``avg_bits`` promotes (without it, they are chosen when quantize measures the ranking)."""
-    model_dir = Path(model_dir)
+    model_dir = check_model_folder(Path(model_dir))  # exists, safetensors headers match their sizes
     adapter = adapter_for(model_dir, adapter)
     labels = _labels(samples, sample_labels)
     check_precision_options(recipe, avg_bits)
@@ -345,6 +420,7 @@ def plan(
     model = adapter.meta_model(model_dir)
     unfuse_experts_on_meta(model)
     targets = resolve_targets(model, adapter)
+    check_group_size_fits(model, targets, recipe)
     precision = precision_plan(
         model, adapter, recipe, targets, avg_bits=avg_bits, sensitivity=table, count_overhead=count_overhead
     )
@@ -370,6 +446,9 @@ def plan(
         ignore=targets.ignore,
         group_size=precision.group_size if precision else group_size(recipe),
         precision=precision.to_dict() if precision else None,
+        checkpoint_bytes=checkpoint_size_estimate(
+            model, targets, recipe, precision, saved_dtype(model_dir), model_dir, avg_bits
+        ),
     )
 
 
@@ -495,11 +574,35 @@ def quantize(
         check_precision_options(recipe, avg_bits)
         check_avg_bits(avg_bits)
         table = _load_sensitivity(sensitivity)
-        check_output_free(output, force)
+        refuse_overlap(
+            output,
+            {
+                "model folder": model_dir,
+                "calibration set": (calib_info or {}).get("path"),
+                "media folder": media_folders(samples),
+                "sensitivity table": sensitivity if isinstance(sensitivity, (str, Path)) else None,
+                "feature cache": cache_dir,
+                "offload folder": offload_folder,
+            },
+        )
+        refuse_overlap(cache_dir, {"model folder": model_dir}, option="--cache-dir")
         if recipe.needs_data and not samples:
             raise InputError(f"recipe {recipe.name!r} needs calibration samples and none were given")
         if avg_bits is not None and table is None and not samples:
             raise InputError("--avg-bits ranks layers on calibration samples and none were given")
+        # The model folder, the group size and the checkpoint's size, from the config alone; then
+        # the output: writable, enough free space (a full disk found after hours of GPTQ is too late).
+        planned = plan(
+            model_dir,
+            recipe,
+            samples,
+            sample_labels=labels,
+            adapter=adapter,
+            avg_bits=avg_bits,
+            sensitivity=table,
+            count_overhead=count_overhead,
+        )
+        check_output_free(output, force, need_bytes=planned.checkpoint_bytes)
         context = distributed or init_distributed()
         if context is not None and recipe.needs_data:
             samples, labels = shard(samples, labels, context)

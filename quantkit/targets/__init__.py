@@ -6,7 +6,6 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -16,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from quantkit import __version__
 from quantkit.datafile import load_yaml_model
 from quantkit.errors import InputError, QuantkitError
-from quantkit.fsutil import sha256_file
+from quantkit.fsutil import check_model_folder, check_writable, refuse_overlap, sha256_file, write_file_atomic
 
 TARGETS_FILE = Path(__file__).resolve().parents[2] / "recipes" / "targets.yaml"
 BUILD_FILE = "build.json"
@@ -160,9 +159,7 @@ def _write_build_file(output_root: Path, report: BuildReport, previous: dict[str
     data = report.to_dict()
     touched = {c.checkpoint for c in report.checkpoints}
     data["earlier"] = [entry for name, entry in sorted(previous.items()) if name not in touched]
-    partial = output_root / f".{BUILD_FILE}.partial-{os.getpid()}"
-    partial.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    partial.replace(output_root / BUILD_FILE)
+    write_file_atomic(output_root / BUILD_FILE, json.dumps(data, indent=2) + "\n")
 
 
 def _up_to_date(before: dict | None, key: str, checkpoint: Path) -> bool:
@@ -194,6 +191,9 @@ def build_checkpoints(
     others go on. A checkpoint whose inputs (model bytes, calibration set, recipe, options)
     match the last build and that passed then is skipped unless ``force``. ``on_checkpoint`` is
     called with each (CheckpointBuild, VerifyReport | None) as it finishes.
+
+    Without ``num_samples``, a stratified share of the set (``drift_samples``, at most a quarter
+    of it) is held out of calibration so that the drift check has samples it did not see.
     """
     from quantkit.calibset import load_calibration_report
     from quantkit.models.adapters import adapter_for
@@ -206,6 +206,9 @@ def build_checkpoints(
     if not target_names:
         raise InputError("no target given", hint="pass --target NAME (see `quantkit targets`)")
     model_dir, output_root = Path(model_dir), Path(output_root)
+    refuse_overlap(output_root, {"model folder": model_dir, "calibration set": calib}, option="--output-root")
+    check_model_folder(model_dir)
+    check_writable(output_root, option="--output-root")
     table = load_targets(targets_file)
     chosen = [table.get(name) for name in target_names]
     adapter = adapter_for(model_dir)
@@ -247,6 +250,11 @@ def build_checkpoints(
             if recipe.needs_data and drawn is None:
                 kinds = processor_capabilities(adapter.load_processor(model_dir))
                 drawn = samples_from_set(calib, model_kinds=kinds, num_samples=num_samples)
+                held_out = min(drift_samples, len(drawn.samples) // 4) if num_samples is None else 0
+                if held_out:  # drift needs samples calibration did not see
+                    drawn = samples_from_set(
+                        calib, model_kinds=kinds, num_samples=len(drawn.samples) - held_out
+                    )
             quantize(
                 model_dir,
                 checkpoint,

@@ -5,12 +5,12 @@ and generation check (on request). Results go to ``verify.json`` in the checkpoi
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from quantkit.errors import InputError
-from quantkit.verify.audit import AuditResult, audit_checkpoint
+from quantkit.fsutil import check_model_folder, refuse_overlap, write_file_atomic
+from quantkit.verify.audit import FILES_CHECK, AuditResult, audit_checkpoint
 from quantkit.verify.drift import DriftReport, DriftThresholds, measure_drift
 from quantkit.verify.vllm_check import VllmCheck, check_with_vllm
 
@@ -37,6 +37,8 @@ class VerifyReport:
     drift: DriftReport | None = None
     vllm: VllmCheck | None = None
     notes: list[str] = field(default_factory=list)
+    saved_to: Path | None = None  # where the report was written; None when it was not
+    not_saved: str | None = None  # why it could not be written (a read-only checkpoint folder)
 
     @property
     def passed(self) -> bool:
@@ -77,17 +79,38 @@ def verify_checkpoint(
     thresholds: DriftThresholds | None = None,
     num_samples: int = 16,
     write: bool = True,
+    report_path: Path | None = None,
 ) -> VerifyReport:
     """Audit ``checkpoint``; with ``reference`` and ``calib`` measure drift; with ``vllm`` run it in vLLM.
 
     Failed checks are reported in the result (and verify.json), never raised; bad input is.
+    The report goes to ``report_path`` (default: verify.json in the checkpoint); when it cannot
+    be written (a read-only folder) the result is kept and ``not_saved`` says why.
     """
     checkpoint = Path(checkpoint)
+    if not checkpoint.is_dir():
+        problem = (
+            "is a file, not a checkpoint folder" if checkpoint.exists() else "the checkpoint does not exist"
+        )
+        raise InputError(problem, path=checkpoint, hint="pass the folder `quantkit quantize` wrote")
     if not (checkpoint / "config.json").is_file():
         raise InputError("not a checkpoint folder (no config.json)", path=checkpoint)
     if (reference is None) != (calib is None):
         raise InputError("drift needs both --reference and --calib")
+    target = Path(report_path) if report_path is not None else checkpoint / VERIFY_FILE
+    refuse_overlap(
+        target,
+        {"checkpoint": checkpoint, "reference model": reference, "calibration set": calib},
+        option="--report",
+        inside_ok=["checkpoint"] if target.name == VERIFY_FILE else [],
+    )
+    if reference is not None:
+        check_model_folder(reference, what="reference model folder")
     report = VerifyReport(str(checkpoint), audit_checkpoint(checkpoint))
+    damaged = any(c.name == FILES_CHECK and not c.passed for c in report.audit.checks)
+    if damaged and (reference is not None or vllm):
+        report.notes.append("drift and vLLM checks not run: the checkpoint's weight files are damaged")
+        reference = vllm = None
     if reference is not None:
         limits = thresholds or recipe_thresholds(checkpoint)
         if limits is None:
@@ -98,8 +121,11 @@ def verify_checkpoint(
     if vllm:
         report.vllm = check_with_vllm(checkpoint)
     if write:
-        target = checkpoint / VERIFY_FILE
-        partial = checkpoint / f".{VERIFY_FILE}.partial-{os.getpid()}"
-        partial.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
-        partial.replace(target)
+        try:
+            if report_path is not None:
+                target.parent.mkdir(parents=True, exist_ok=True)
+            write_file_atomic(target, json.dumps(report.to_dict(), indent=2) + "\n")
+            report.saved_to = target
+        except OSError as err:
+            report.not_saved = f"{target}: {err.strerror or err}"
     return report

@@ -25,6 +25,7 @@ WEIGHT_DTYPES = {
     "naive-quantized": ("weight", {"I8", "F8_E4M3", "BF16", "F16", "F32"}),
 }
 SCALE_SUFFIXES = ("weight_scale", "input_scale", "output_scale", "k_scale", "v_scale", "weight_global_scale")
+FILES_CHECK = "weight files complete (safetensors headers and sizes)"
 DTYPE_BYTES = {"I32": 4, "I64": 8, "I8": 1, "U8": 1, "F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4, "F64": 8}
 
 
@@ -182,6 +183,12 @@ def audit_checkpoint(checkpoint: Path, *, adapter: Adapter | Path | None = None)
     if qconfig is None:
         return result
 
+    from quantkit.fsutil import safetensors_problems
+
+    damaged = safetensors_problems(checkpoint)
+    result.add(FILES_CHECK, damaged)
+    if damaged:  # nothing below can read the tensors
+        return result
     prefix = adapter.serving.prefix if adapter.is_wrapped(checkpoint) else ""
     if prefix:  # judge the thinker by its own names, as the tensors below the prefix hold it
         from quantkit.models.adapters import unprefix_pattern
