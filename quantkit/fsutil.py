@@ -210,6 +210,12 @@ def check_output_free(output: Path, force: bool, *, need_bytes: int | None = Non
         raise InputError("output already exists", path=output, hint="choose another path or pass --force")
     if output.exists() and not output.is_dir():
         raise InputError("output exists and is not a folder", path=output)
+    if output.is_dir() and os.path.ismount(output):
+        raise InputError(
+            "output is a mount point: it cannot be replaced by the finished folder",
+            path=output,
+            hint="choose a folder inside it",
+        )
     check_writable(output)
     remove_stale_staging(output)
     if need_bytes is not None:

@@ -400,13 +400,13 @@ def test_stale_staging_of_a_killed_run_is_removed_with_a_message(text_pool, tmp_
 def test_group_size_messages(text_model, text_calib, tmp_path):
     base = ["quantize", text_model, "--output", tmp_path / "q", "--dry-run"]
     seven = invoke(*base, "--recipe", "w4a16", "--calib", text_calib, "--group-size", 7)
-    assert seven.exit_code == 2 and "a group size is a multiple of 8" in seven.output
+    assert seven.exit_code == 2 and "a group size is at least 8 weights" in seven.output
     assert "validation error" not in seven.output and "pydantic" not in seven.output
     fp8 = invoke(*base, "--recipe", "fp8-dynamic", "--group-size", 64)
     assert fp8.exit_code == 2 and "--group-size applies to 4-bit weight recipes" in fp8.output
     assert "GPTQ settings" not in fp8.output and "pydantic" not in fp8.output
-    # 24 divides none of the tiny model's widths: every layer would be 8-bit, not a W4A16 model.
-    none_fit = invoke(*base, "--recipe", "w4a16", "--calib", text_calib, "--group-size", 24)
+    # 12 divides none of the tiny model's widths: every layer would be 8-bit, not a W4A16 model.
+    none_fit = invoke(*base, "--recipe", "w4a16", "--calib", text_calib, "--group-size", 12)
     assert none_fit.exit_code == 2, none_fit.output
     assert (
         "divides none of the targeted layers" in none_fit.output
@@ -457,29 +457,20 @@ def test_damaged_samples_file_with_a_matching_hash_names_the_line(text_model, te
 @pytest.mark.slow
 def test_build_on_a_small_set_holds_out_samples_for_drift(text_model, text_calib, tmp_path):
     from quantkit.calibset import load_calibration_report
+    from quantkit.targets import build_checkpoints
 
     assert load_calibration_report(text_calib)["size"] == 64
     before = tree_hash(text_calib)
-    result = invoke(
-        "build",
-        "--target",
-        "rtx4090",
-        "--model",
-        text_model,
-        "--calib",
-        text_calib,
-        "--output-root",
-        tmp_path / "out",
-        "--drift-samples",
-        4,
-    )
-    assert result.exit_code == 0, result.output
-    build = json.loads((tmp_path / "out" / "build.json").read_text())
-    assert [c["status"] for c in build["checkpoints"]] == ["passed"], build
-    checkpoint = Path(build["checkpoints"][0]["checkpoint"])
-    used = json.loads((checkpoint / "quantkit.json").read_text())["calibration"]["samples_used"]
+    # No --num-samples: before, all 64 calibrated and drift found no held-out sample.
+    report = build_checkpoints(text_model, tmp_path / "out", ["rtx4090"], calib=text_calib, drift_samples=4)
+    assert report.passed, [c.reasons for c in report.checkpoints]  # the CLI's exit code 0
+    built = json.loads((tmp_path / "out" / "build.json").read_text())
+    assert [c["status"] for c in built["checkpoints"]] == ["passed"], built
+    checkpoint = Path(built["checkpoints"][0]["checkpoint"])
+    calibration = json.loads((checkpoint / "quantkit.json").read_text())["calibration"]
     drift = json.loads((checkpoint / "verify.json").read_text())["drift"]
-    assert used == 64 - 4 and drift["overall"]["samples"] == 4
+    assert calibration["samples_used"] == 64 - 4 and drift["overall"]["samples"] == 4
+    assert set(calibration["set"]["by_task"]) == {"precise", "casual"}  # stratified: both tasks calibrate
     assert tree_hash(text_calib) == before
 
 

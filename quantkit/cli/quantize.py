@@ -250,6 +250,7 @@ def quantize(
                 adapter=resolved_adapter,
                 avg_bits=avg_bits,
                 sensitivity=sensitivity,
+                strict_group_size=group_size is not None,
             ).to_dict(),
             drawn,
         )
@@ -272,6 +273,7 @@ def quantize(
         calibration_dtype=_calibration_dtype(calibration_dtype),
         max_cpu_memory=int(max_cpu_memory * 2**30) if max_cpu_memory is not None else None,
         progress=main_rank,
+        strict_group_size=group_size is not None,
     )
     if result.wrote:
         print_result(result)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import re
 import shutil
 import time
@@ -231,9 +232,9 @@ def with_options(recipe: Recipe, *, group_size: int | None = None) -> Recipe:
             f"recipe {recipe.name!r} is {recipe.scheme}, whose weights have one scale per output channel",
             hint="drop --group-size, or use the w4a16 recipe",
         )
-    if group_size < 8 or group_size % 8:
+    if group_size < 8:
         raise InputError(
-            f"--group-size {group_size}: a group size is a multiple of 8 (e.g. 32, 64, 128)",
+            f"--group-size {group_size}: a group size is at least 8 weights (e.g. 32, 64, 128)",
             hint="or leave it out: quantize picks the largest of 128, 64, 32 that divides every layer",
         )
     try:
@@ -242,23 +243,32 @@ def with_options(recipe: Recipe, *, group_size: int | None = None) -> Recipe:
         raise InputError(f"--group-size {group_size}: {err}") from None
 
 
-def check_group_size_fits(model: torch.nn.Module, targets: TargetPlan, recipe: Recipe) -> None:
-    """A chosen group size (--group-size or the recipe's) that divides no targeted layer would
-    turn a 4-bit run into an all-8-bit model: refuse it, naming sizes that fit."""
+def check_group_size_fits(
+    model: torch.nn.Module, targets: TargetPlan, recipe: Recipe, *, refuse: bool = False
+) -> None:
+    """A chosen group size (--group-size or the recipe's) that divides no targeted layer turns a
+    4-bit run into an all-8-bit model. Say so (a warning), or with ``refuse`` (the size came from
+    the command line) refuse it, naming sizes that fit."""
     group = recipe.group_size
     if group is None or recipe.scheme not in GROUP_SCHEMES or not targets.quantize:
         return
     modules = dict(model.named_modules())
     widths = sorted({modules[name].in_features for name in targets.quantize if name in modules})
-    if widths and all(width % group for width in widths):
-        fitting = [g for g in (128, 64, 32, 16, 8) if all(width % g == 0 for width in widths)]
-        raise InputError(
-            f"group size {group} divides none of the targeted layers' input widths "
-            f"({', '.join(map(str, widths))}): every layer would stay at 8 bits, not the recipe's 4",
-            hint=f"choose one that divides them ({', '.join(map(str, fitting[:3]))})"
-            if fitting
-            else "leave --group-size out, or use an 8-bit recipe",
-        )
+    if not widths or any(width % group == 0 for width in widths):
+        return
+    fitting = [g for g in (128, 64, 32, 16, 8) if all(width % g == 0 for width in widths)]
+    message = (
+        f"group size {group} divides none of the targeted layers' input widths "
+        f"({', '.join(map(str, widths))}): every layer would stay at 8 bits, not the recipe's 4"
+    )
+    hint = (
+        f"choose one that divides them ({', '.join(map(str, fitting[:3]))})"
+        if fitting
+        else "leave the group size out, or use an 8-bit recipe"
+    )
+    if refuse:
+        raise InputError(message, hint=hint)
+    logging.getLogger("quantkit").warning(f"{message} ({hint})")
 
 
 def checkpoint_size_estimate(
@@ -407,11 +417,13 @@ def plan(
     avg_bits: float | None = None,
     sensitivity=None,
     count_overhead: bool = False,
+    strict_group_size: bool = False,
 ) -> QuantizePlan:
     """What would be quantized and kept, per group, and which samples would be used; reads the
     config only (the model is built on the meta device). For W4A16 recipes: the group size, the
     layers kept at 8 bits because none divides them, and, with ``sensitivity``, the layers
-    ``avg_bits`` promotes (without it, they are chosen when quantize measures the ranking)."""
+    ``avg_bits`` promotes (without it, they are chosen when quantize measures the ranking).
+    ``strict_group_size`` (a group size from the command line) refuses one that divides no layer."""
     model_dir = check_model_folder(Path(model_dir))  # exists, safetensors headers match their sizes
     adapter = adapter_for(model_dir, adapter)
     labels = _labels(samples, sample_labels)
@@ -420,7 +432,7 @@ def plan(
     model = adapter.meta_model(model_dir)
     unfuse_experts_on_meta(model)
     targets = resolve_targets(model, adapter)
-    check_group_size_fits(model, targets, recipe)
+    check_group_size_fits(model, targets, recipe, refuse=strict_group_size)
     precision = precision_plan(
         model, adapter, recipe, targets, avg_bits=avg_bits, sensitivity=table, count_overhead=count_overhead
     )
@@ -539,6 +551,7 @@ def quantize(
     offload: str | None = None,
     offload_folder: Path | None = None,
     max_cpu_memory: int | None = None,
+    strict_group_size: bool = False,
 ) -> QuantizeResult:
     """Quantize the language model of ``model_dir`` with ``recipe`` and write ``output``.
 
@@ -561,6 +574,9 @@ def quantize(
     "disk") loads through compressed-tensors' offloading for models larger than device memory
     (disk: what exceeds ``max_cpu_memory`` bytes goes under ``offload_folder``, default a
     temporary folder beside ``output``, removed after).
+    ``strict_group_size`` refuses a group size that divides no layer (one given on the command
+    line) instead of warning. Before any work: the model folder's files, an output that overlaps
+    an input, an output that cannot be written or whose disk is too small for the checkpoint.
     Raises InputError for bad input and CheckFailed when a proof fails; in both cases nothing
     is written.
     """
@@ -601,6 +617,7 @@ def quantize(
             avg_bits=avg_bits,
             sensitivity=table,
             count_overhead=count_overhead,
+            strict_group_size=strict_group_size,
         )
         check_output_free(output, force, need_bytes=planned.checkpoint_bytes)
         context = distributed or init_distributed()
