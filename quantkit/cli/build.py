@@ -41,9 +41,7 @@ def build(
         list[str], typer.Option("--target", help="Target name (repeatable); see `quantkit targets`.")
     ],
     model: Annotated[Path, typer.Option(help="The original model folder.")],
-    output_root: Annotated[
-        Path, typer.Option(help="Folder for `OUTPUT_ROOT/MODEL-RECIPE/` and build.json.")
-    ],
+    output_root: Annotated[Path, typer.Option(help="Folder for `OUTPUT_ROOT/MODEL-RECIPE/` and build.json.")],
     calib: Annotated[
         Path | None, typer.Option(help="Calibration-set folder (for recipes that need data, and drift).")
     ] = None,

@@ -159,6 +159,23 @@ def quantize(
     """
     from quantkit.errors import InputError
     from quantkit.fsutil import check_model_folder, check_output_free, refuse_overlap
+
+    # Before importing torch or reading anything heavy (processor, set, weights): the model
+    # folder and its files, an output that would overwrite an input, one that cannot be written.
+    check_model_folder(model)
+    refuse_overlap(
+        output,
+        {
+            "model folder": model,
+            "calibration set": calib,
+            "sensitivity table": sensitivity,
+            "adapter file": adapter,
+            "feature cache": cache_dir or default_cache_dir(),
+        },
+    )
+    if not dry_run:
+        check_output_free(output, force)
+
     from quantkit.models.adapters import adapter_for
     from quantkit.models.inputs import processor_capabilities
     from quantkit.quantize import plan as make_plan
@@ -179,21 +196,6 @@ def quantize(
             f"--nproc splits calibration samples across ranks; recipe {chosen.name!r} uses none",
             hint="drop --nproc (data-free recipes take seconds on one process)",
         )
-    # Before reading anything heavy (processor, set, weights): the model folder and its files,
-    # an output that would overwrite an input, an output that cannot be written.
-    check_model_folder(model)
-    refuse_overlap(
-        output,
-        {
-            "model folder": model,
-            "calibration set": calib,
-            "sensitivity table": sensitivity,
-            "adapter file": adapter,
-            "feature cache": cache_dir or default_cache_dir(),
-        },
-    )
-    if not dry_run:
-        check_output_free(output, force)
     resolved_adapter = adapter_for(model, adapter)
     if trust_remote_code:
         resolved_adapter = resolved_adapter.model_copy(update={"trust_remote_code": True})

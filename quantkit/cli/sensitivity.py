@@ -94,18 +94,20 @@ def sensitivity(
     """
     from quantkit.cli.quantize import default_cache_dir
     from quantkit.fsutil import check_model_folder, check_writable, refuse_overlap
+
+    check_model_folder(model)  # before torch is imported, and hours of measuring
+    cache = cache_dir or default_cache_dir()
+    refuse_overlap(cache, {"model folder": model, "calibration set": calib}, option="--cache-dir")
+    if output is not None:
+        refuse_overlap(output, {"model folder": model, "calibration set": calib, "feature cache": cache})
+        check_writable(output)
+
     from quantkit.models.adapters import adapter_for
     from quantkit.models.inputs import processor_capabilities
     from quantkit.quantize.calibration_set import samples_from_set
     from quantkit.sensitivity import save_table
     from quantkit.sensitivity import sensitivity as measure
 
-    check_model_folder(model)
-    cache = cache_dir or default_cache_dir()
-    refuse_overlap(cache, {"model folder": model, "calibration set": calib}, option="--cache-dir")
-    if output is not None:  # before hours of measuring
-        refuse_overlap(output, {"model folder": model, "calibration set": calib, "feature cache": cache})
-        check_writable(output)
     resolved = adapter_for(model, adapter)
     kinds = processor_capabilities(resolved.load_processor(model))
     drawn = samples_from_set(calib, model_kinds=kinds, num_samples=num_samples, seed=seed)
