@@ -366,6 +366,8 @@ def test_verify_on_a_read_only_checkpoint_prints_and_says_why(checkpoint, tmp_pa
     saved = invoke("verify", view, "--report", elsewhere)
     assert saved.exit_code == 0, saved.output
     assert json.loads(elsewhere.read_text())["passed"] is True
+    unwritable = invoke("verify", view, "--report", view / "sub" / "verify.json")
+    assert unwritable.exit_code == 2 and "cannot write --report here" in unwritable.output
     assert tree_hash(checkpoint) == before
 
 

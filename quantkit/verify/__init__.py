@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quantkit.errors import InputError
-from quantkit.fsutil import check_model_folder, refuse_overlap, write_file_atomic
+from quantkit.fsutil import check_model_folder, check_writable, refuse_overlap, write_file_atomic
 from quantkit.verify.audit import FILES_CHECK, AuditResult, audit_checkpoint
 from quantkit.verify.drift import DriftReport, DriftThresholds, measure_drift
 from quantkit.verify.vllm_check import VllmCheck, check_with_vllm
@@ -104,6 +104,8 @@ def verify_checkpoint(
         option="--report",
         inside_ok=["checkpoint"] if target.name == VERIFY_FILE else [],
     )
+    if report_path is not None and write:
+        check_writable(target, option="--report")  # asked for a place: it must take the report
     if reference is not None:
         check_model_folder(reference, what="reference model folder")
     report = VerifyReport(str(checkpoint), audit_checkpoint(checkpoint))
