@@ -433,7 +433,7 @@ def test_sample_lines_are_exactly_the_json_of_their_rows(demo_pool):
     """samples.jsonl lines are assembled from JSON pieces for speed; each must equal the plain
     json.dumps of the row that _row describes (sorted keys, non-ASCII kept)."""
     from quantkit.calibset.build import _dumps, _row, _RowJson
-    from quantkit.pool.reader import read_pool
+    from quantkit.pool import read_pool
     from quantkit.taxonomy import load_taxonomy
 
     taxonomy = load_taxonomy()

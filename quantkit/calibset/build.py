@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import functools
 import json
-from collections import defaultdict
+import os
+import shutil
+import tempfile
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -15,14 +18,17 @@ from quantkit.calibset.allocate import allocate, choose
 from quantkit.calibset.report import summarize, write_report_markdown
 from quantkit.errors import InputError
 from quantkit.fsutil import atomic_output_dir, check_output_free, sha256_file
-from quantkit.pool import PoolRecord, read_pool
-from quantkit.pool.reader import gc_paused
+from quantkit.media import MediaStore
+from quantkit.pool import PoolReadResult, PoolRecord, gc_paused, read_pool
+from quantkit.pool.read import reason_kind
 from quantkit.taxonomy import DEFAULT_TAXONOMY, Taxonomy, load_taxonomy
 
 SET_FORMAT = "quantkit-calibration-set"
 SET_VERSION = 1
 SAMPLES_FILE = "samples.jsonl"
 REPORT_FILE = "report.json"
+MEDIA_DIR = "media"  # embedded media (data URIs, datasets Image / Audio bytes) the set carries
+VERIFY_KINDS = ("image", "video", "audio")
 
 
 @dataclass(frozen=True)
@@ -38,13 +44,23 @@ class CalibrateOptions:
     allow_missing_tasks: bool = False
     strict: bool = False
     force: bool = False
+    # Where records come from and how they are read.
+    media_roots: tuple[Path, ...] = ()  # folders media may lie in besides the pool's own
+    datasets: tuple[str, ...] = ()  # LLaMA-Factory dataset names (dataset_info.json entries)
+    split: str | None = None  # the split of a DatasetDict / Hub-layout folder
+    verify_media: tuple[str, ...] = ("image", "audio")  # kinds checked to decode to their end
+    # Tasks for records without a task field (quantkit.taskassign).
+    task_mappings: tuple[str, ...] = ()  # --task SOURCE=TASK
+    default_task: str | None = None
+    dry_run: bool = False  # read and validate everything, write nothing
 
 
 @dataclass
 class CalibrationSetResult:
-    output: Path
+    output: Path | None  # None for a dry run
     report: dict
     notes: list[str] = field(default_factory=list)
+    error: InputError | None = None  # a dry run's verdict: what a real run would fail with
 
 
 @dataclass
@@ -66,6 +82,31 @@ def _validate_options(options: CalibrateOptions) -> None:
         raise InputError("--max-seq-len needs --model", hint="token counts come from the model's processor")
     if options.max_seq_len is not None and options.max_seq_len < 1:
         raise InputError("--max-seq-len must be at least 1")
+    unknown = [k for k in options.verify_media if k not in VERIFY_KINDS]
+    if unknown:
+        raise InputError(
+            f"--verify-media: unknown media kind {unknown[0]!r}", hint="use image, video, audio, all or none"
+        )
+
+
+def _task_assigner(taxonomy: Taxonomy, options: CalibrateOptions):
+    """The TaskAssigner for records without a task field: --task mappings, the taxonomy's match
+    rules, --default-task. None where quantkit.taskassign is not installed yet (then every
+    record needs its field, as before)."""
+    try:
+        from quantkit.taskassign import TaskAssigner
+    except ImportError:
+        if options.task_mappings or options.default_task:
+            raise InputError(
+                "--task / --default-task need quantkit.taskassign, which this build lacks"
+            ) from None
+        return None
+    return TaskAssigner(taxonomy, options.task_mappings, options.default_task)
+
+
+def source_table(pool: PoolReadResult) -> list[dict]:
+    """Per source: format detected, records, skipped by reason, tasks by origin, modalities."""
+    return [stats.as_dict() for stats in pool.sources]
 
 
 def _missing_tasks(taxonomy: Taxonomy, records: list[PoolRecord]) -> list[str]:
@@ -88,12 +129,28 @@ def build_calibration_set(
     under ``strict``.
     """
     hooks = _Hooks(on_bytes, on_phase)
-    output = Path(output)
     _validate_options(options)
-    check_output_free(output, options.force)
+    if not options.dry_run:
+        if output is None:
+            raise InputError("--output is required (or pass --dry-run to only read and check the pool)")
+        output = Path(output)
+        check_output_free(output, options.force)
     taxonomy_path = Path(options.taxonomy) if options.taxonomy else DEFAULT_TAXONOMY
     taxonomy = load_taxonomy(taxonomy_path)
 
+    # Embedded media are written beside the output while reading; the selected ones move into
+    # the set's media/ folder, the rest go with this folder.
+    if output is not None:
+        store = MediaStore(Path(output).absolute().parent / f".{Path(output).name}.media-{os.getpid()}")
+    else:  # a dry run writes nothing the user sees
+        store = MediaStore(Path(tempfile.gettempdir()) / f"quantkit-dry-run-media-{os.getpid()}")
+    try:
+        return _build(pools, output, options, taxonomy, taxonomy_path, hooks, store)
+    finally:
+        shutil.rmtree(store.folder, ignore_errors=True)
+
+
+def _build(pools, output, options, taxonomy, taxonomy_path, hooks, store) -> CalibrationSetResult:
     processor = image_rule = None
     if options.model is not None:
         from quantkit.calibset.tokens import image_rule_of, load_processor
@@ -101,6 +158,7 @@ def build_calibration_set(
         processor = load_processor(options.model)
         image_rule = image_rule_of(processor)
 
+    assigner = _task_assigner(taxonomy, options)
     hooks.phase("reading pool")
     pool = read_pool(
         pools,
@@ -109,8 +167,19 @@ def build_calibration_set(
         task_field=options.task_field,
         skip_invalid=options.skip_invalid,
         on_bytes=hooks.on_bytes,
+        media_roots=tuple(options.media_roots),
+        datasets=tuple(options.datasets),
+        split=options.split,
+        store=store,
+        assigner=assigner,
+        verify_media=frozenset(options.verify_media),
     )
-    notes: list[str] = []
+    unassigned = assigner.unassigned_error() if assigner is not None else None
+    if options.dry_run:
+        return _dry_run(pool, unassigned)
+    if unassigned is not None:
+        raise unassigned
+    notes: list[str] = list(pool.notes)
     missing = _missing_tasks(taxonomy, pool.records)
     if missing and not options.allow_missing_tasks:
         raise InputError(
@@ -195,8 +264,15 @@ def build_calibration_set(
                 "notes": notes,
             }
         )
+        report["sources"] = source_table(pool)
+        report["skipped"]["by_kind"] = dict(
+            sorted(Counter(reason_kind(s.reason) for s in pool.skipped).items())
+        )
+        if pool.task_assignment is not None:
+            report["task_assignment"] = pool.task_assignment
         hooks.phase("writing")
         with atomic_output_dir(output, force=options.force) as staging:
+            rows = _carry_embedded(rows, selected, store, staging, Path(output).absolute() / MEDIA_DIR)
             samples_path = staging / SAMPLES_FILE
             with open(samples_path, "w", encoding="utf-8") as handle:
                 for row in rows:
@@ -206,7 +282,78 @@ def build_calibration_set(
                 json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8"
             )
             write_report_markdown(report, staging / "report.md")
+            _append_markdown(report, staging / "report.md")
     return CalibrationSetResult(output=output, report=report, notes=notes)
+
+
+def _dry_run(pool: PoolReadResult, error: InputError | None) -> CalibrationSetResult:
+    """What a dry run reports: the sources, the skipped records by reason, the notes."""
+    report = {
+        "sources": source_table(pool),
+        "pool_records": len(pool.records),
+        "duplicates_dropped": pool.duplicates,
+        "skipped": {
+            "count": len(pool.skipped),
+            "by_kind": dict(sorted(Counter(reason_kind(s.reason) for s in pool.skipped).items())),
+            "records": [{"source": s.source, "line": s.line, "reason": s.reason} for s in pool.skipped[:100]],
+        },
+        "task_assignment": pool.task_assignment,
+        "notes": list(pool.notes),
+    }
+    return CalibrationSetResult(output=None, report=report, notes=list(pool.notes), error=error)
+
+
+def _carry_embedded(
+    rows: list[str], selected: list[PoolRecord], store: MediaStore, staging: Path, final: Path
+) -> list[str]:
+    """Move the embedded media the selected samples use into the set's media/ folder and point
+    their rows at the final place."""
+    prefix = str(store.folder) + os.sep
+    used = {p for record in selected for p in record.media if p.startswith(prefix)}
+    if not used:
+        return rows
+    (staging / MEDIA_DIR).mkdir()
+    for path in sorted(used):
+        shutil.copy2(path, staging / MEDIA_DIR / os.path.basename(path))
+    old, new = _json_str(prefix)[1:-1], _json_str(str(final) + os.sep)[1:-1]
+    return [row.replace(old, new) if old in row else row for row in rows]
+
+
+def _append_markdown(report: dict, path: Path) -> None:
+    """The sources and the skipped records by reason, after the report's tables."""
+    lines = [
+        "## Sources",
+        "",
+        "| source | format | records | skipped | tasks by origin | modalities |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in report["sources"]:
+        cells = [
+            row["name"],
+            row["format"],
+            str(row["records"]),
+            ", ".join(f"{k}: {v}" for k, v in row["skipped"].items()) or "0",
+            ", ".join(f"{k}: {v}" for k, v in row["task_origins"].items()),
+            ", ".join(f"{k}: {v}" for k, v in row["modalities"].items()),
+        ]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    lines.append("")
+    skipped = report["skipped"]
+    if skipped["count"]:
+        lines += ["## Skipped records", ""]
+        for kind, count in skipped["by_kind"].items():
+            lines.append(f"- {kind}: {count}")
+        lines += ["", "| record | reason |", "|---|---|"]
+        lines += [
+            f"| {r['source']}:{r['line']} | {r['reason'].replace('|', '/')} |" for r in skipped["records"]
+        ]
+        if skipped["count"] > len(skipped["records"]):
+            lines.append(
+                f"| ... | {skipped['count'] - len(skipped['records'])} more (report.json lists 100) |"
+            )
+        lines.append("")
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write("\n".join(lines))
 
 
 _dumps = functools.partial(json.dumps, ensure_ascii=False, sort_keys=True)
@@ -234,7 +381,13 @@ class _RowJson:
                 ', "tier": ' + _dumps(task.tier) + ', "tokens": ',
                 ', "weight": ' + _dumps(self.taxonomy.weight(task)) + "}",
             )
-        audios, images, task_json, videos = record.frame[3:]
+        parts_json = record.json
+        audios, images, task_json, videos = (
+            parts_json.audios,
+            parts_json.images,
+            parts_json.task,
+            parts_json.videos,
+        )
         return (
             '{"audios": ' + audios + parts[0] + _json_str(record.record_id) + ', "images": ' + images
             + ', "messages": ' + record.text_key + parts[1] + _json_str(f"{record.source}:{record.line}")
