@@ -102,7 +102,7 @@ class _Turns:
 
 def _part_value(part: dict, kind: str) -> object:
     """The media a content-list part points at (a path, a URI, bytes), or None (placeholder only)."""
-    for key in (kind, f"{kind}_url", f"input_{kind}", "url", "path", "data"):
+    for key in (kind, f"{kind}_url", f"input_{kind}", "value", "url", "path", "data"):
         if key in part and part[key] not in (None, ""):
             value = part[key]
             if isinstance(value, dict):
@@ -138,7 +138,7 @@ def _content_text(content: object, turns: _Turns, where: str) -> str:
                 (k for k in ("text", *KINDS, "image_url", "video_url", "audio_url") if k in part), None
             )
         if kind in ("text", "input_text", "output_text"):
-            text = part.get("text")
+            text = part.get("text", part.get("value"))  # LLaMA-Factory v1 blocks: {"type": "text", "value"}
             if not isinstance(text, str):
                 raise RecordError(f"{where} content part {j} of type text has no string 'text'")
             pieces.append(text)
@@ -307,7 +307,11 @@ def normalize(record: Mapping, spec: FormatSpec | None = None) -> dict:
         else:
             raise RecordError(MISSING_TEXT)
 
-    system = record.get(spec.column("system") or "system")
+    def declared(name: str) -> object:  # a dataset_info entry reads only the columns it declares
+        key = spec.column(name) if spec.formatting != "auto" else name
+        return record.get(key) if key else None
+
+    system = declared("system")
     if formatting == "sharegpt":
         if spec.formatting == "auto":
             key = next(k for k in ("messages", "conversations", "conversation") if k in record)
@@ -341,7 +345,7 @@ def normalize(record: Mapping, spec: FormatSpec | None = None) -> dict:
             raise RecordError(f"missing field {response_key!r} (the answer)")
         turns.add("assistant", _answer(record[response_key], response_key))
 
-    tools = record.get(spec.column("tools") or "tools")
+    tools = declared("tools")
     if system not in (None, "") or tools not in (None, "", []):
         if system not in (None, "") and not isinstance(system, str):
             raise RecordError("'system' must be a string")
