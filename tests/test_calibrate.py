@@ -285,7 +285,6 @@ BAD_RECORDS = [
     ("{not json", "malformed JSON"),
     ('["a list"]', "must be a JSON object"),
     ('{"task": "ocr", "images": []}', "missing field 'messages'"),
-    ('{"messages": [{"role": "user", "content": "hi"}]}', "missing field 'task'"),
     ('{"task": "ocrr", "messages": [{"role": "user", "content": "hi"}]}', "did you mean 'ocr'"),
     (
         '{"task": "ocr", "messages": [{"role": "user", "content": "<image>hi"}], "images": ["media/nope.png"]}',
@@ -377,6 +376,29 @@ def test_skip_invalid_counts_skipped_records(bad_pool_dir, tmp_path):
     assert result.report["size"] == 1
     assert result.report["skipped"]["count"] == len(BAD_RECORDS)
     assert {r["line"] for r in result.report["skipped"]["records"]} == set(range(2, len(BAD_RECORDS) + 2))
+
+
+def test_records_without_task_and_no_rule_name_source_and_flag(tmp_path):
+    """A taxonomy without match rules: records with no task field fail once the pool is read, with
+    the source, the count and the flag that would assign them; --task or --default-task fixes it."""
+    taxonomy = tmp_path / "taxonomy.yaml"
+    taxonomy.write_text(TWO_TIER_TAXONOMY)
+    pool = PoolBuilder(tmp_path / "pool")
+    pool.record("precise", prompt="Read 1.", answer="1")
+    for i in range(3):
+        pool.raw(json.dumps({"messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "hi"}]}))
+    path = pool.write()
+    args = ["calibrate", str(path), "--output", str(tmp_path / "o"), "--size", "4", "--taxonomy", str(taxonomy)]
+    result = runner.invoke(app, [*args, "--allow-missing-tasks"])
+    assert result.exit_code == 2, result.output
+    assert "3 record(s)" in result.output and str(path) in result.output and "--task" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "o").exists()
+    fixed = runner.invoke(app, [*args, "--task", f"{path}=casual"])
+    assert fixed.exit_code == 0, fixed.output
+    rows = [json.loads(line) for line in (tmp_path / "o" / "samples.jsonl").read_text().splitlines()]
+    assert Counter(r["task"] for r in rows) == {"precise": 1, "casual": 3}
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert report["sources"][0]["task_origins"] == {"field": 1, "mapping": 3}
 
 
 def test_empty_pool_and_missing_pool(tmp_path):
