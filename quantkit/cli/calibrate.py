@@ -152,14 +152,14 @@ def calibrate(
     if dry_run:
         print_sources(result.report)
         for note in result.notes:
-            err_console.print(f"[yellow]note:[/] {note}")
+            err_console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
         if result.error is not None:
             raise result.error
         console.print(f"dry run: {result.report['pool_records']} usable records; nothing written")
         return
     print_report(result.report)
     for note in result.notes:
-        err_console.print(f"[yellow]note:[/] {note}")
+        err_console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
     console.print(f"wrote {result.report['size']} samples to {result.output}")
 
 
@@ -183,7 +183,10 @@ def _cells(counts: dict) -> str:
 
 def print_sources(report: dict) -> None:
     """The per-source table of a dry run (and the skipped records by reason)."""
-    table = Table("source", "format", "records", "skipped", "tasks by origin", "modalities", title="Sources")
+    table = Table(title="Sources")
+    table.add_column("source", no_wrap=True)
+    for name in ("format", "records", "skipped", "tasks by origin", "modalities"):
+        table.add_column(name, overflow="fold")
     for row in report["sources"]:
         table.add_row(
             row["name"], row["format"], str(row["records"]), _cells(row["skipped"]),
@@ -192,10 +195,11 @@ def print_sources(report: dict) -> None:
     console.print(table)
     skipped = report["skipped"]
     if skipped["count"]:
-        sub = Table("record", "reason", title=f"Skipped records ({skipped['count']})")
-        for item in skipped["records"]:
-            sub.add_row(f"{item['source']}:{item['line']}", item["reason"])
-        console.print(sub)
+        console.print(f"Skipped records ({skipped['count']}), by reason: {_cells(skipped['by_kind'])}")
+        for item in skipped["records"]:  # one a line, whole, so a path can be copied
+            console.print(f"  {item['source']}:{item['line']}: {item['reason']}", soft_wrap=True, markup=False)
+        if skipped["count"] > len(skipped["records"]):
+            console.print(f"  ... and {skipped['count'] - len(skipped['records'])} more")
 
 
 def print_report(report: dict) -> None:

@@ -371,9 +371,10 @@ class RecordParser:
                             text = turn[text_key]
                             if text.__class__ is not str:
                                 raise TypeError
-                            if (
-                                "<" in text
-                            ):  # placeholders never overlap: counting each literal equals PLACEHOLDER's matches
+                            # Placeholders never overlap: counting each literal equals PLACEHOLDER's matches.
+                            if "<" in text:
+                                if "<img>" in text:  # Qwen-VL's inline image paths: normalize() maps them
+                                    raise TypeError
                                 images += text.count("<image>")
                                 videos += text.count("<video>")
                                 audios += text.count("<audio>")
@@ -432,6 +433,7 @@ class RecordParser:
                     raise RecordError(str(err)) from None
                 origins[assignment.origin] += 1
                 if assignment.task is None:
+                    modalities[derived.modality] += 1
                     return  # counted by the assigner; calibrate lists them once the pool is read
                 task = tasks[assignment.task]
             else:
@@ -462,7 +464,7 @@ class RecordParser:
                 messages_json.encode()  # the UTF-8: a lone surrogate still raises UnicodeEncodeError
             if not shared[2]:
                 mismatches[f"{name}|{derived.modality}"] += 1
-            modalities[derived.modality] += 1
+            modalities[derived.modality] += 1  # (an unassigned record is counted above)
             append(
                 new_record(
                     record_id,

@@ -43,7 +43,7 @@ class Source:
         }
         name = kinds[self.kind]
         if self.spec is not None:
-            name += f", {self.spec.formatting} (dataset_info.json)"
+            name += f" {self.spec.formatting}"  # as its dataset_info.json entry says
         return name
 
 
