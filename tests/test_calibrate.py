@@ -247,6 +247,36 @@ def test_model_token_counts_and_max_seq_len(demo_pool, zoo_model, tmp_path):
     assert result.report["tokens"]["max"] <= 400
 
 
+def test_max_seq_len_stops_tokenising_a_huge_record_early(zoo_model, tmp_path):
+    """A record far over --max-seq-len is left out from a prefix of its text: the count the
+    counter gives under the limit is over it and below the full count (issue 19.7)."""
+    from transformers import AutoProcessor
+
+    from quantkit.calibset.tokens import TokenCounter
+
+    model = zoo_model("tiny-qwen2.5-omni")
+    counter = TokenCounter(AutoProcessor.from_pretrained(model))
+    words = " ".join(f"word{i}" for i in range(40_000))
+    payload = {"messages": [{"role": "user", "content": words}, {"role": "assistant", "content": "ok"}],
+               "images": [], "videos": [], "audios": []}  # fmt: skip
+    capped, full = counter(payload, limit=64), counter(payload)
+    assert 64 < capped < full
+    assert counter({**payload, "messages": [{"role": "user", "content": "hi"}]}, limit=64) == counter(
+        {**payload, "messages": [{"role": "user", "content": "hi"}]}
+    )  # short texts: the exact count
+    pool = PoolBuilder(tmp_path / "pool")
+    pool.record("precise", prompt=words, answer="ok")
+    for i in range(3):
+        pool.record("precise", prompt=f"short {i}", answer="ok")
+    taxonomy = tmp_path / "taxonomy.yaml"
+    taxonomy.write_text(TWO_TIER_TAXONOMY)
+    result = build_calibration_set(
+        [pool.write()], tmp_path / "s",
+        CalibrateOptions(size=4, model=model, max_seq_len=64, taxonomy=taxonomy, allow_missing_tasks=True),
+    )  # fmt: skip
+    assert result.report["size"] == 3 and result.report["too_long"]["count"] == 1
+
+
 def test_token_count_matches_processor_for_images_and_audio(zoo_model, tmp_path):
     """Header-based counts equal the processor's real output length (no pixels decoded)."""
     from transformers import AutoProcessor

@@ -199,7 +199,7 @@ def _build(pools, output, options, taxonomy, taxonomy_path, hooks, store) -> Cal
         counter = TokenCounter(processor)
         kept = []
         for record in records:
-            count = counter(json.loads(record.payload))
+            count = counter(json.loads(record.payload), limit=options.max_seq_len)
             tokens[id(record)] = count
             if options.max_seq_len is not None and count > options.max_seq_len:
                 too_long.append(record)
