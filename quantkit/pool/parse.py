@@ -336,7 +336,7 @@ class RecordParser:
         task_json = {task.name: json_str(task.name) for task in taxonomy.tasks}
         json_of, sha256, new_record = json_str, hashlib.sha256, PoolRecord
         append, mismatches = c.result.records.append, c.result.modality_mismatches
-        modalities, origins = c.stats.modalities, c.stats.task_origins
+        modalities = c.stats.modalities
         spec = c.spec
         fast_keys = frozenset({"id", task_field, "messages", "conversations", "images", "videos", "audios"})
         role_tail = _ROLE_TAIL
@@ -345,6 +345,7 @@ class RecordParser:
             from quantkit.taskassign import TaskEvidence, UnknownTaskError
 
             assign, named, dataset = assigner.assign, c.named, c.dataset
+            field_evidence: dict[tuple[str, frozenset[str]], TaskEvidence] = {}
 
         def parse(record: object, line: int) -> None:
             if record.__class__ is not dict and not isinstance(record, dict):
@@ -422,22 +423,23 @@ class RecordParser:
                 if task_name.__class__ is not str or not task_name:
                     task_name = None if task_name in (None, "") else str(task_name)
                 if task_name is not None and task_name in tasks:
-                    prompt = answer = ""  # the field decides: the texts are not needed
+                    # The field decides: no texts needed, and one evidence per (field, media kinds).
+                    evidence = field_evidence.get((task_name, derived.kinds))
+                    if evidence is None:
+                        evidence = field_evidence[task_name, derived.kinds] = TaskEvidence(
+                            named, dataset, task_name, "", "", derived.kinds
+                        )
                 else:
                     prompt, answer = _texts(raw, role_key, text_key)
+                    evidence = TaskEvidence(named, dataset, task_name, prompt, answer, derived.kinds)
                 try:
-                    assignment = assign(
-                        TaskEvidence(named, dataset, task_name, prompt, answer, derived.kinds)
-                    )
+                    assignment = assign(evidence)
                 except UnknownTaskError as err:
                     raise RecordError(str(err)) from None
-                origins[assignment.origin] += 1
-                if assignment.task is None:
+                if assignment.task is None:  # (the others' origins and modalities: read.py, per source)
                     modalities[derived.modality] += 1
                     return  # counted by the assigner; calibrate lists them once the pool is read
                 task = tasks[assignment.task]
-            else:
-                origins["field"] += 1
 
             name = task.name
             shared = derived.tails.get(name)
@@ -464,7 +466,6 @@ class RecordParser:
                 messages_json.encode()  # the UTF-8: a lone surrogate still raises UnicodeEncodeError
             if not shared[2]:
                 mismatches[f"{name}|{derived.modality}"] += 1
-            modalities[derived.modality] += 1  # (an unassigned record is counted above)
             append(
                 new_record(
                     record_id,

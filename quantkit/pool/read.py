@@ -10,8 +10,10 @@ import gc
 import hashlib
 import re
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from operator import attrgetter
 from pathlib import Path
 
 from quantkit.errors import InputError
@@ -23,6 +25,7 @@ from quantkit.pool.parse import MediaProbe, ParseContext, RecordParser
 from quantkit.pool.record import PoolReadResult, RecordError, SkippedRecord, SourceStats
 from quantkit.pool.sources import Source, resolve_sources
 from quantkit.pool.tables import iter_table
+from quantkit.taskassign import ORIGINS
 from quantkit.taxonomy import ImageRule, Taxonomy
 
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"|\d+(\.\d+)?")
@@ -137,6 +140,7 @@ def _read_sources(
         stats = SourceStats(name=source.label, format=source.format_name())
         result.sources.append(stats)
         before = len(result.records)
+        origins_before = _origin_totals(assigner)
         parse = RecordParser(
             ParseContext(
                 roots=MediaRoots(source.base, tuple(media_roots)),
@@ -174,9 +178,38 @@ def _read_sources(
                     parse(row, number)
                 except RecordError as err:
                     on_error(number, err)
-        stats.records = len(result.records) - before + stats.task_origins.get("none", 0)
+        _count_source(stats, result.records, before, assigner, origins_before)
         result.inputs[str(path)] = digest()
     return result
+
+
+def _origin_totals(assigner: object | None) -> Counter:
+    """Records the assigner has given a task, by origin (and 'none': those it could not)."""
+    totals: Counter = Counter()
+    if assigner is not None:
+        summary = assigner.summary()
+        for row in summary["tasks"].values():
+            for origin in ORIGINS:
+                totals[origin] += row.get(origin, 0)
+        totals["none"] = summary["unassigned"]["count"]
+    return totals
+
+
+def _count_source(
+    stats: SourceStats, records: list, before: int, assigner: object | None, origins_before: Counter
+) -> None:
+    """A source's records, tasks by origin and modalities, from what it added (counted once per
+    source rather than per record: the parser's hot loop stays as it was)."""
+    added = len(records) - before
+    if assigner is None:
+        origins = Counter({"field": added}) if added else Counter()
+    else:
+        origins = _origin_totals(assigner)
+        origins.subtract(origins_before)
+        origins = +origins  # drops the zeros
+    stats.task_origins = origins
+    stats.modalities.update(map(attrgetter("modality"), records[before:]))  # the unassigned are there already
+    stats.records = added + origins.get("none", 0)
 
 
 def _in_background(function: Callable[[Path], str], path: Path) -> Callable[[], str]:
