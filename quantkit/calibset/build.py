@@ -7,11 +7,12 @@ import json
 import os
 import shutil
 import tempfile
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from operator import attrgetter
 from pathlib import Path
+
+import numpy as np
 
 from quantkit import __version__
 from quantkit.calibset.allocate import allocate, choose
@@ -20,6 +21,7 @@ from quantkit.errors import InputError
 from quantkit.fsutil import atomic_output_dir, check_output_free, sha256_file
 from quantkit.media import MediaStore
 from quantkit.pool import PoolReadResult, PoolRecord, gc_paused, read_pool
+from quantkit.pool.index import PoolIndex
 from quantkit.pool.read import reason_kind
 from quantkit.taxonomy import DEFAULT_TAXONOMY, Taxonomy, load_taxonomy
 
@@ -109,9 +111,45 @@ def source_table(pool: PoolReadResult) -> list[dict]:
     return [stats.as_dict() for stats in pool.sources]
 
 
-def _missing_tasks(taxonomy: Taxonomy, records: list[PoolRecord]) -> list[str]:
-    present = {record.task for record in records}
+def _missing_tasks(taxonomy: Taxonomy, present: set[str]) -> list[str]:
     return [task.name for task in taxonomy.tasks if task.name not in present]
+
+
+def _members_by_stratum(index: PoolIndex, usable: np.ndarray) -> dict[str, list[int]]:
+    """The usable record numbers of each stratum, ordered by (record_id, source, line): the order
+    the seeded choice draws from. Ids are read from the index one stratum at a time."""
+    groups = index.groups
+    names = sorted({g.stratum for g in groups})
+    number = {name: i for i, name in enumerate(names)}
+    stratum_of_group = np.array([number[g.stratum] for g in groups], dtype=np.int64)
+    strata = stratum_of_group[index.group_of(usable)]
+    order = np.argsort(strata, kind="stable")
+    bounds = np.searchsorted(strata[order], np.arange(len(names) + 1))
+    result: dict[str, list[int]] = {}
+    for i, name in enumerate(names):
+        members = usable[order[bounds[i] : bounds[i + 1]]].tolist()
+        if not members:
+            continue
+        ids = [index.record_id(n) for n in members]
+        if len(set(ids)) == len(ids):  # distinct ids: the id alone gives the order
+            result[name] = [n for _, n in sorted(zip(ids, members, strict=True))]
+        else:
+            keys = {n: (ids[j], index.sources[groups[index.group[n]].source], index.line[n]) for j, n in enumerate(members)}
+            result[name] = sorted(members, key=keys.__getitem__)
+    return result
+
+
+class _UsableGroups:
+    """The usable records as the report counts them: one group (task, modality, bucket) each."""
+
+    def __init__(self, index: PoolIndex, usable: np.ndarray) -> None:
+        self.index, self.usable = index, usable
+
+    def __len__(self) -> int:
+        return len(self.usable)
+
+    def __iter__(self):
+        return self.index.groups_of(self.usable)
 
 
 def build_calibration_set(
@@ -180,7 +218,10 @@ def _build(pools, output, options, taxonomy, taxonomy_path, hooks, store) -> Cal
     if unassigned is not None:
         raise unassigned
     notes: list[str] = list(pool.notes)
-    missing = _missing_tasks(taxonomy, pool.records)
+    index = pool.index
+    groups = index.groups
+    usable = index.rows  # record numbers, in reading order
+    missing = _missing_tasks(taxonomy, {groups[g].task for g in np.unique(index.group_of(usable)).tolist()})
     if missing and not options.allow_missing_tasks:
         raise InputError(
             f"{len(missing)} task(s) of the taxonomy have no sample in the pool: {', '.join(missing)}",
@@ -189,60 +230,55 @@ def _build(pools, output, options, taxonomy, taxonomy_path, hooks, store) -> Cal
     if missing:
         notes.append(f"tasks without samples (allowed): {', '.join(missing)}")
 
-    tokens: dict[int, int] = {}
-    too_long: list[PoolRecord] = []
-    records = pool.records
+    token_counts: np.ndarray | None = None  # aligned with usable
+    too_long: list = []  # the groups of the records left out (what the report counts by)
     if processor is not None:
         from quantkit.calibset.tokens import TokenCounter
 
         hooks.phase("counting tokens")
         counter = TokenCounter(processor)
-        kept = []
-        for record in records:
-            count = counter(json.loads(record.payload), limit=options.max_seq_len)
-            tokens[id(record)] = count
-            if options.max_seq_len is not None and count > options.max_seq_len:
-                too_long.append(record)
-            else:
-                kept.append(record)
-        records = kept
+        counts = np.zeros(len(usable), dtype=np.int64)
+        for start in range(0, len(usable), 4096):  # records read again a batch at a time
+            for offset, record in enumerate(index.materialize(usable[start : start + 4096])):
+                counts[start + offset] = counter(json.loads(record.payload), limit=options.max_seq_len)
+        fits = counts <= options.max_seq_len if options.max_seq_len is not None else np.ones(len(usable), bool)
+        too_long = list(index.groups_of(usable[~fits]))
+        usable, token_counts = usable[fits], counts[fits]
         if too_long:
             notes.append(f"{len(too_long)} sample(s) over --max-seq-len {options.max_seq_len} left out")
-        if not records:
+        if not len(usable):
             raise InputError(f"every sample is longer than --max-seq-len {options.max_seq_len}")
 
     # Nothing below makes reference cycles: no cyclic GC walking the pool's records meanwhile.
     with gc_paused():
         hooks.phase("allocating")
-        by_stratum: dict[str, list[PoolRecord]] = defaultdict(list)
-        for record in records:
-            by_stratum[record.stratum].append(record)
-        by_id, record_id = attrgetter("record_id", "source", "line"), attrgetter("record_id")
-        for members in by_stratum.values():
-            # The order is by (record_id, source, line); with distinct ids, the id alone gives it.
-            members.sort(key=record_id)
-            if len(set(map(record_id, members))) != len(members):
-                members.sort(key=by_id)
-        weights = {s: taxonomy.weight(taxonomy.resolve(m[0].task)) for s, m in by_stratum.items()}
+        by_stratum = _members_by_stratum(index, usable)
+        weights = {s: taxonomy.weight(taxonomy.resolve(groups[index.group[m[0]]].task)) for s, m in by_stratum.items()}
         available = {s: len(m) for s, m in by_stratum.items()}
-        if len(records) < options.size:
-            message = f"the pool has {len(records)} usable samples, fewer than --size {options.size}"
+        if len(usable) < options.size:
+            message = f"the pool has {len(usable)} usable samples, fewer than --size {options.size}"
             if options.strict:
                 raise InputError(message, hint="add samples, lower --size, or drop --strict to use them all")
             notes.append(message + "; all are used")
         counts = allocate(available, weights, options.size, floor=options.min_per_stratum)
-        selected = [
-            record
+        chosen = [
+            n
             for stratum in sorted(counts)
-            for record in choose(by_stratum[stratum], counts[stratum], seed=options.seed, stratum=stratum)
+            for n in choose(by_stratum[stratum], counts[stratum], seed=options.seed, stratum=stratum)
         ]
+        del by_stratum
+        selected = index.materialize(chosen)
+        tokens: dict[int, int] = {}
+        if token_counts is not None:
+            positions = np.searchsorted(usable, np.asarray(chosen, dtype=np.int64))
+            tokens = {id(r): int(token_counts[p]) for r, p in zip(selected, positions.tolist(), strict=True)}
 
         row_json = _RowJson(taxonomy)
         rows = [row_json(record, tokens.get(id(record))) for record in selected]
         report = summarize(
             taxonomy=taxonomy,
             pool=pool,
-            usable=records,
+            usable=_UsableGroups(index, usable),
             selected=selected,
             tokens={r.record_id: tokens[id(r)] for r in selected} if tokens else None,
             too_long=too_long,

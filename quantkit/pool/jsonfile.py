@@ -14,7 +14,7 @@ _decode_json = _decoder.decode  # json.loads(str) with default settings
 _scan_json = _decoder.scan_once  # what decode runs at the text's first value
 _WHITESPACE = " \t\n\r"
 
-Parse = Callable[[object, int], None]
+Parse = Callable[[object, int, int], None]  # (record, line, where to read it again)
 OnError = Callable[[int, RecordError], None]
 
 
@@ -33,8 +33,11 @@ def read_jsonl(path: Path, parse: Parse, on_error: OnError, on_bytes: Callable[[
     invalid record (it raises, or records the skip). One loop, no generator: this runs once per
     record of a big pool."""
     decode, scan, loads, decode_error = _decode_json, _scan_json, json.loads, json.JSONDecodeError
+    offset = 0  # of the line: where the record is read again if selected
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
+            start = offset
+            offset += len(raw)
             if on_bytes is not None:
                 on_bytes(len(raw))
             try:
@@ -60,9 +63,24 @@ def read_jsonl(path: Path, parse: Parse, on_error: OnError, on_bytes: Callable[[
                 on_error(number, RecordError(f"malformed JSON: {err}"))
                 continue
             try:
-                parse(row, number)
+                parse(row, number, start)
             except RecordError as err:
                 on_error(number, err)
+
+
+def jsonl_at(path: Path, places: list[tuple[int, int]], parse: Parse) -> None:
+    """Parse again the records at (line, byte offset) ``places`` of a JSONL file, in that order."""
+    with open(path, "rb") as handle:
+        for line, offset in places:
+            handle.seek(offset)
+            parse(json.loads(handle.readline()), line, offset)
+
+
+def json_array_at(path: Path, places: list[tuple[int, int]], parse: Parse) -> None:
+    """Parse again the records at (line, character index) ``places`` of a JSON array."""
+    text = path.read_bytes().decode("utf-8-sig")
+    for line, index in places:
+        parse(_scan_json(text, index)[0], line, index)
 
 
 def read_json_array(
@@ -103,7 +121,7 @@ def read_json_array(
             raise_malformed(on_error, line, "malformed JSON: expected a value")
             return
         try:
-            parse(row, line)
+            parse(row, line, index)
         except RecordError as err:
             on_error(line, err)
         index = skip(end)

@@ -35,6 +35,7 @@ from quantkit.media import (
     probe_video,
 )
 from quantkit.pool.formats import MISSING_TEXT, FormatSpec, normalize
+from quantkit.pool.index import Group
 from quantkit.pool.record import (
     PoolReadResult,
     PoolRecord,
@@ -158,7 +159,7 @@ class _Derived:
     kinds: frozenset[str]  # the media kinds present
     # task -> (RecordJson, stratum, whether the task lists the modality, the canonical JSON before
     # and after the messages for a derived id)
-    tails: dict[str, tuple[RecordJson, str, bool, str, str]] = field(default_factory=dict)
+    tails: dict[str, tuple[RecordJson, str, bool, str, str, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -180,6 +181,8 @@ class ParseContext:
     result: PoolReadResult
     stats: SourceStats
     assigner: object | None = None  # quantkit.taskassign.TaskAssigner
+    source_index: int = 0  # in result.index.sources
+    emit: list | None = None  # materialize: the full PoolRecords go here, nothing is counted
 
 
 class RecordParser:
@@ -335,7 +338,11 @@ class RecordParser:
         media_lists, derive, count_error = self._media_lists, self._derive, self._count_error
         task_json = {task.name: json_str(task.name) for task in taxonomy.tasks}
         json_of, sha256, new_record = json_str, hashlib.sha256, PoolRecord
-        append, mismatches = c.result.records.append, c.result.modality_mismatches
+        mismatches, emit, index, source_index = c.result.modality_mismatches, c.emit, c.result.index, c.source_index
+        groups = index.groups
+        add_group, add_line, add_locator = index.group.append, index.line.append, index.locator.append
+        add_id_hash, add_id, add_id_end, ids = index.id_hash.append, index.ids.extend, index.id_end.append, index.ids
+        add_digest, blake2b = index.digest.extend, hashlib.blake2b
         modalities = c.stats.modalities
         spec = c.spec
         fast_keys = frozenset({"id", task_field, "messages", "conversations", "images", "videos", "audios"})
@@ -347,7 +354,7 @@ class RecordParser:
             assign, named, dataset = assigner.assign, c.named, c.dataset
             field_evidence: dict[tuple[str, frozenset[str]], TaskEvidence] = {}
 
-        def parse(record: object, line: int) -> None:
+        def parse(record: object, line: int, locator: int) -> None:
             if record.__class__ is not dict and not isinstance(record, dict):
                 raise RecordError("a record must be a JSON object")
             get = record.get
@@ -437,7 +444,8 @@ class RecordParser:
                 except UnknownTaskError as err:
                     raise RecordError(str(err)) from None
                 if assignment.task is None:  # (the others' origins and modalities: read.py, per source)
-                    modalities[derived.modality] += 1
+                    if emit is None:
+                        modalities[derived.modality] += 1
                     return  # counted by the assigner; calibrate lists them once the pool is read
                 task = tasks[assignment.task]
 
@@ -453,7 +461,15 @@ class RecordParser:
                     derived.modality in task.modalities,
                     '{"audios": ' + rel_audios + ', "images": ' + rel_images + ', "messages": ',
                     ', "task": ' + task_json[name] + ', "videos": ' + rel_videos + "}",
+                    len(groups) if emit is None else -1,
                 )
+                if emit is None:
+                    groups.append(
+                        Group(
+                            name, derived.modality, derived.bucket, shared[1], shared[0], derived.media,
+                            derived.image_tokens, derived.video_seconds, derived.audio_seconds, source_index,
+                        )  # fmt: skip
+                    )
             record_id = get("id")
             if record_id.__class__ is str and record_id:
                 pass
@@ -462,11 +478,19 @@ class RecordParser:
             else:  # sha256 of the canonical JSON {audios, images, messages, task, videos}, relative paths
                 canonical = f"{shared[3]}{messages_json}{shared[4]}"
                 record_id = sha256(canonical.encode()).hexdigest()[:16]
-            if not messages_json.isascii():  # O(1) flag check; the text key was once a sha256 of
-                messages_json.encode()  # the UTF-8: a lone surrogate still raises UnicodeEncodeError
-            if not shared[2]:
-                mismatches[f"{name}|{derived.modality}"] += 1
-            append(
+            if emit is None:  # the compact index: see quantkit.pool.index
+                # (the UTF-8 of the text, strict: a lone surrogate raises UnicodeEncodeError)
+                add_digest(blake2b(messages_json.encode(), digest_size=16).digest())
+                add_group(shared[5])
+                add_line(line)
+                add_locator(locator)
+                add_id_hash(hash(record_id))
+                add_id(record_id.encode("utf-8", "surrogatepass"))
+                add_id_end(len(ids))
+                if not shared[2]:
+                    mismatches[f"{name}|{derived.modality}"] += 1
+                return
+            emit.append(
                 new_record(
                     record_id,
                     name,

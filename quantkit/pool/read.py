@@ -6,6 +6,8 @@ Media are probed from their headers only, once per file, so memory stays bounded
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import gc
 import hashlib
 import re
@@ -13,18 +15,20 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from operator import attrgetter
 from pathlib import Path
+
+import numpy as np
 
 from quantkit.errors import InputError
 from quantkit.fsutil import sha256_file
 from quantkit.media import MediaRoots, MediaStore
 from quantkit.pool.dedupe import drop_duplicates, id_conflicts
-from quantkit.pool.jsonfile import read_json_array, read_jsonl
+from quantkit.pool.index import PoolIndex
+from quantkit.pool.jsonfile import json_array_at, jsonl_at, read_json_array, read_jsonl
 from quantkit.pool.parse import MediaProbe, ParseContext, RecordParser
 from quantkit.pool.record import PoolReadResult, RecordError, SkippedRecord, SourceStats
 from quantkit.pool.sources import Source, resolve_sources
-from quantkit.pool.tables import iter_table
+from quantkit.pool.tables import iter_table, table_at
 from quantkit.taskassign import ORIGINS
 from quantkit.taxonomy import ImageRule, Taxonomy
 
@@ -82,10 +86,10 @@ def read_pool(
         )  # fmt: skip
     result.notes = notes + result.notes
     unassigned = sum(stats.task_origins.get("none", 0) for stats in result.sources)
-    if not result.records and not unassigned:
+    if not len(result.index) and not unassigned:
         raise InputError("the pool has no valid records", path=sources[0].path if len(sources) == 1 else None)
-    result.records, result.duplicates = drop_duplicates(result.records)
-    count, examples = id_conflicts(result.records)
+    result.duplicates = drop_duplicates(result.index)
+    count, examples = id_conflicts(result.index)
     if count:
         result.id_conflicts = examples
         result.notes.append(
@@ -131,18 +135,18 @@ def _read_sources(
 ) -> PoolReadResult:
     probe = MediaProbe(verify_media)
     rule = image_rule or taxonomy.buckets.image_rule
-    result = PoolReadResult(records=[])
-    for source in sources:
+    index = PoolIndex()
+    result = PoolReadResult(index=index)
+    for number_of_source, source in enumerate(sources):
         path = source.path
         # The file's hash is computed beside the parsing: hashlib and file reads release the GIL.
         digest = _in_background(sha256_file if path.is_file() else _folder_hash, path)
         result.inputs[str(path)] = ""  # keeps the files' order
         stats = SourceStats(name=source.label, format=source.format_name())
         result.sources.append(stats)
-        before = len(result.records)
+        before = len(index.group)
         origins_before = _origin_totals(assigner)
-        parse = RecordParser(
-            ParseContext(
+        context = ParseContext(
                 roots=MediaRoots(source.base, tuple(media_roots)),
                 store=store,
                 source=str(path),
@@ -157,8 +161,11 @@ def _read_sources(
                 result=result,
                 stats=stats,
                 assigner=assigner,
+                source_index=number_of_source,
             )
-        ).parse
+        parse = RecordParser(context).parse
+        index.sources.append(str(path))
+        index.readers.append(functools.partial(_read_again, source, context))
 
         def on_error(number: int, err: RecordError, path: Path = path, stats: SourceStats = stats) -> None:
             if not skip_invalid:
@@ -175,12 +182,25 @@ def _read_sources(
         else:
             for number, row in iter_table(path, source.split):
                 try:
-                    parse(row, number)
+                    parse(row, number, number - 1)
                 except RecordError as err:
                     on_error(number, err)
-        _count_source(stats, result.records, before, assigner, origins_before)
+        _count_source(stats, index, before, assigner, origins_before)
         result.inputs[str(path)] = digest()
     return result
+
+
+def _read_again(source: Source, context: ParseContext, places: list[tuple[int, int]]) -> list:
+    """The full records of ``source`` at (line, locator) ``places``: parsed again, as when read."""
+    out: list = []
+    parse = RecordParser(dataclasses.replace(context, emit=out)).parse
+    if source.kind == "jsonl":
+        jsonl_at(source.path, places, parse)
+    elif source.kind == "json":
+        json_array_at(source.path, places, parse)
+    else:
+        table_at(source.path, source.split, places, parse)
+    return out
 
 
 def _origin_totals(assigner: object | None) -> Counter:
@@ -196,11 +216,11 @@ def _origin_totals(assigner: object | None) -> Counter:
 
 
 def _count_source(
-    stats: SourceStats, records: list, before: int, assigner: object | None, origins_before: Counter
+    stats: SourceStats, index: PoolIndex, before: int, assigner: object | None, origins_before: Counter
 ) -> None:
     """A source's records, tasks by origin and modalities, from what it added (counted once per
     source rather than per record: the parser's hot loop stays as it was)."""
-    added = len(records) - before
+    added = len(index.group) - before
     if assigner is None:
         origins = Counter({"field": added}) if added else Counter()
     else:
@@ -208,7 +228,9 @@ def _count_source(
         origins.subtract(origins_before)
         origins = +origins  # drops the zeros
     stats.task_origins = origins
-    stats.modalities.update(map(attrgetter("modality"), records[before:]))  # the unassigned are there already
+    groups = index.groups
+    # (the unassigned are counted already)
+    stats.modalities.update(groups[g].modality for g in index.group_of(np.arange(before, len(index.group))).tolist())
     stats.records = added + origins.get("none", 0)
 
 

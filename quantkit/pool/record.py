@@ -103,7 +103,7 @@ class SourceStats:
 
 @dataclass
 class PoolReadResult:
-    records: list[PoolRecord]
+    index: object = None  # quantkit.pool.index.PoolIndex: the usable records, compact
     skipped: list[SkippedRecord] = field(default_factory=list)
     duplicates: int = 0
     inputs: dict[str, str] = field(default_factory=dict)  # pool file -> sha256
@@ -112,3 +112,10 @@ class PoolReadResult:
     notes: list[str] = field(default_factory=list)  # e.g. dataset_info entries not read
     id_conflicts: list[str] = field(default_factory=list)  # "id: file:line and file:line"
     task_assignment: dict | None = None  # TaskAssigner.summary() when tasks were assigned
+
+    @property
+    def records(self):
+        """The usable records as PoolRecords (a sequence read again from the sources on access)."""
+        from quantkit.pool.index import RecordsView
+
+        return RecordsView(self.index)

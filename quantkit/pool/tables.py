@@ -35,13 +35,11 @@ def _undecoded(feature):
     return feature
 
 
-def _rows(table) -> Iterator[tuple[int, object]]:
+def _undecoded_table(table):
     import datasets
 
     features = datasets.Features({k: _undecoded(v) for k, v in table.features.items()})
-    if features != table.features:
-        table = table.cast(features)
-    yield from enumerate(table, start=1)
+    return table.cast(features) if features != table.features else table
 
 
 def is_save_to_disk(folder: Path) -> bool:
@@ -79,6 +77,18 @@ def hub_files(folder: Path, split: str | None) -> tuple[list[Path], str] | None:
 def iter_table(path: Path, split: str | None = None) -> Iterator[tuple[int, object]]:
     """Rows of a Parquet file, a saved ``datasets`` folder or a Hub-layout folder; 'line' is the
     1-based row number."""
+    yield from enumerate(open_table(path, split), start=1)
+
+
+def table_at(path: Path, split: str | None, places: list[tuple[int, int]], parse) -> None:
+    """Parse again the rows at (row number, row index) ``places``."""
+    table = open_table(path, split)
+    for line, index in places:
+        parse(table[index], line, index)
+
+
+def open_table(path: Path, split: str | None = None):
+    """The table (media features undecoded) of a Parquet file, a saved folder or a Hub-layout folder."""
     import datasets
 
     try:
@@ -106,4 +116,4 @@ def iter_table(path: Path, split: str | None = None) -> Iterator[tuple[int, obje
         raise
     except (OSError, ValueError, json.JSONDecodeError) as err:  # the library's own reading errors
         raise InputError(f"cannot read the table: {err}", path=path) from None
-    yield from _rows(table)
+    return _undecoded_table(table)
