@@ -192,11 +192,19 @@ class TaskAssigner:
         candidates = self._by_kinds.get(kinds)
         if candidates is None:
             candidates = self._by_kinds[kinds] = tuple(
-                (slot, rule.text_matches) for slot, rule in self._rules if rule.fits_media(kinds)
+                (slot, rule.conditions) for slot, rule in self._rules if rule.fits_media(kinds)
             )
         user, answer = evidence.user_text, evidence.answer_text
-        for slot, text_matches in candidates:
-            if text_matches(user, answer):
+        texts = ((user.lower(), user), (answer.lower(), answer))
+        found: tuple[dict, dict] = ({}, {})  # a list shared by rules is searched once per text
+        for slot, conditions in candidates:
+            for patterns, on_answer, negate in conditions:
+                hit = found[on_answer].get(patterns)
+                if hit is None:
+                    hit = found[on_answer][patterns] = patterns.found(*texts[on_answer])
+                if hit is negate:
+                    break
+            else:
                 examples = self._examples[slot]
                 if len(examples) < 2:
                     example = example_prompt(user)

@@ -482,3 +482,41 @@ def test_pattern_lists_combine_through_yaml_anchors(tmp_path):
     assert [assigner.assign(evidence(u)).task for u in ("Bonjour!", "salut", "hello, bye", "hey")] == [
         "a", "a", None, None,
     ]  # fmt: skip
+
+
+def test_patterns_ignore_case_however_they_are_written(tmp_path):
+    """Patterns are joined and searched in the lowered text for speed; capitals, (?-i:...), a global
+    flag or a backreference keep their meaning."""
+    path = tmp_path / "t.yaml"
+    rule = "{user: ['OCR[0-9]', '(?-i:Hello)', '(ab)\\1', 'plain'], answer: ['(?m)^done$']}"
+    path.write_text(
+        TWO_RULES.split("tasks:")[0]
+        + f"tasks:\n  - {{name: a, family: text, modalities: [text], tier: high, match: [{rule}]}}\n"
+    )
+    assigner = TaskAssigner(load_taxonomy(path))
+    cases = {
+        ("see ocr7", "x\ndone"): "a",
+        ("say Hello", "DONE"): "a",
+        ("say hello", "done"): None,  # (?-i:...) is case-sensitive
+        ("ABAB", "done"): "a",
+        ("abba", "done"): None,
+        ("PLAIN", "done"): "a",
+        ("plain", "not done"): None,
+    }
+    assert {key: assigner.assign(evidence(*key)).task for key in cases} == cases
+
+
+def test_assigner_gives_what_the_rules_say_one_by_one(taxonomy):
+    """The assigner shares searches between rules; the plain reading of the rules agrees."""
+    assigner = TaskAssigner(taxonomy)
+    for user, answer, media, _ in MIXED:
+        plain = next(
+            (
+                f"{task.name}.match[{i}]"
+                for task in taxonomy.tasks
+                for i, rule in enumerate(task.match)
+                if rule.fits_media(media) and rule.text_matches(user, answer)
+            ),
+            "",
+        )
+        assert assigner.assign(evidence(user, answer, media)).detail == plain
