@@ -638,3 +638,21 @@ def test_calibrate_stratifies_an_unlabelled_pool_by_the_rules(tmp_path, unlabell
     for rule in assignment["rules"]:
         if rule["count"]:
             assert f"**{rule['rule']}** -> {rule['task']}" in text
+
+
+def test_cli_names_a_misspelled_taxonomy_key(tmp_path):
+    """Issue 19: `teir` is reported by name with the closest key and the file, exit 2, no traceback."""
+    from typer.testing import CliRunner
+
+    from quantkit.cli import app
+
+    bad = _taxonomy_file(tmp_path, "- name: a\n  family: text\n  modalities: [text]\n  teir: high\n")
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text(json.dumps({"task": "a", "messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    result = CliRunner().invoke(
+        app, ["calibrate", str(pool), "--output", str(tmp_path / "o"), "--taxonomy", str(bad)]
+    )
+    assert result.exit_code == 2, result.output
+    assert f"{bad}:12" in result.output and "unknown key 'teir'; did you mean 'tier'?" in result.output
+    assert "Field required" not in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "o").exists()
