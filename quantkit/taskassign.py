@@ -27,6 +27,7 @@ ORIGINS = ("field", "mapping", "rule", "default")
 EXAMPLE_CHARS = 120  # an example prompt in the summary is cut to about this
 _SUMMARY_SOURCES = 100  # the unassigned sources the summary lists (the largest first)
 _ERROR_SOURCES = 20  # ... and the error message
+_USER_TEXTS_KEPT = 2048  # user texts whose searches are kept, for prompts that repeat
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +137,7 @@ class TaskAssigner:
         self._rule_info = {slot: rule for slot, rule in self._rules}
         self._by_kinds: dict[frozenset[str], tuple] = {}
         self._examples: dict[int, list[str]] = {slot: [] for slot, _ in self._rules}
+        self._user_found: dict[str, dict] = {}
 
         self._default: int | None = None
         if default_task is not None:
@@ -192,11 +194,29 @@ class TaskAssigner:
         candidates = self._by_kinds.get(kinds)
         if candidates is None:
             candidates = self._by_kinds[kinds] = tuple(
-                (slot, rule.text_matches) for slot, rule in self._rules if rule.fits_media(kinds)
+                (slot, rule.conditions) for slot, rule in self._rules if rule.fits_media(kinds)
             )
         user, answer = evidence.user_text, evidence.answer_text
-        for slot, text_matches in candidates:
-            if text_matches(user, answer):
+        # What each pattern list gives on a text is searched once per record (lists are shared by
+        # rules) and, for the user text, kept for the records that repeat it (templated prompts).
+        on_user = self._user_found.get(user)
+        if on_user is None:
+            if len(self._user_found) >= _USER_TEXTS_KEPT:
+                self._user_found.clear()
+            on_user = self._user_found[user] = {}
+        found, texts, lowered = (on_user, {}), (user, answer), [None, None]
+        for slot, conditions in candidates:
+            for patterns, on_answer, negate in conditions:
+                hit = found[on_answer].get(patterns)
+                if hit is None:
+                    text = texts[on_answer]
+                    low = lowered[on_answer]
+                    if low is None:
+                        low = lowered[on_answer] = text.lower()
+                    hit = found[on_answer][patterns] = patterns.found(low, text)
+                if hit is negate:
+                    break
+            else:
                 examples = self._examples[slot]
                 if len(examples) < 2:
                     example = example_prompt(user)

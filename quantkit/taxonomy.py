@@ -4,6 +4,7 @@ and the `match` rules that recognise a task in records that carry no task field.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -84,10 +85,54 @@ class _Strict(BaseModel):
 
 
 MediaKind = Literal["image", "video", "audio"]
+_CONDITIONS = (
+    ("user", False, False),
+    ("answer", True, False),
+    ("unless_user", False, True),
+    ("unless_answer", True, True),
+)
 
 
-def _any(patterns: tuple[re.Pattern, ...], text: str) -> bool:
-    return any(pattern.search(text) for pattern in patterns)
+class PatternSet:
+    """Patterns searched as one: "any of them is found", case ignored.
+
+    For speed, the patterns in which case cannot matter (no capital letter outside an escape, no
+    ``(?-i``) are joined into one alternation and searched without IGNORECASE in the lowered text
+    (Python's re then skips ahead on the patterns' first characters); the others are searched in
+    the text as it is, with IGNORECASE. Equal lists share one set (``pattern_set``)."""
+
+    __slots__ = ("lowered", "original", "patterns")
+
+    def __init__(self, patterns: tuple[str, ...]) -> None:
+        self.patterns = patterns
+        plain = [p for p in patterns if not _has_capital(_ESCAPE.sub("", p)) and "(?-" not in p]
+        joined = "|".join(f"(?:{p})" for p in plain)
+        try:
+            if len(plain) < 2 or _BACKREF.search(joined):
+                raise re.error("not joined")
+            self.lowered: tuple[re.Pattern, ...] = (re.compile(joined),)
+        except re.error:  # e.g. a global flag such as (?m) inside: one by one
+            self.lowered = tuple(re.compile(p) for p in plain)
+        self.original = tuple(re.compile(p, re.IGNORECASE) for p in patterns if p not in plain)
+
+    def found(self, lowered: str, original: str) -> bool:
+        """Whether any pattern is found, given the text lowered and as it is."""
+        for pattern in self.lowered:
+            if pattern.search(lowered):
+                return True
+        return any(pattern.search(original) for pattern in self.original)
+
+
+_ESCAPE, _BACKREF = re.compile(r"\\."), re.compile(r"\\[1-9]|\(\?P=")
+
+
+def _has_capital(text: str) -> bool:
+    return text != text.lower()
+
+
+@functools.cache
+def pattern_set(patterns: tuple[str, ...]) -> PatternSet:
+    return PatternSet(patterns)
 
 
 def _pattern_list(value: Any) -> Any:
@@ -118,7 +163,7 @@ class MatchRule(_Strict):
     unless_user: list[str] = Field(default=[], description="the user text matches none of these")
     unless_answer: list[str] = Field(default=[], description="the answer matches none of these")
     unless_media: list[MediaKind] = Field(default=[], description="the record carries none of these")
-    _compiled: tuple = PrivateAttr(default=((), (), (), ()))
+    _conditions: tuple = PrivateAttr(default=())
 
     @field_validator("user", "answer", "unless_user", "unless_answer", mode="before")
     @classmethod
@@ -145,23 +190,28 @@ class MatchRule(_Strict):
         return self
 
     def model_post_init(self, context: Any) -> None:
-        def compiled(patterns: list[str]) -> tuple[re.Pattern, ...]:
-            return tuple(re.compile(pattern, re.IGNORECASE) for pattern in patterns)
+        conditions = []
+        for name, on_answer, negate in _CONDITIONS:
+            patterns = getattr(self, name)
+            if patterns:
+                conditions.append((pattern_set(tuple(patterns)), on_answer, negate))
+        self._conditions = tuple(conditions)
 
-        self._compiled = tuple(map(compiled, (self.user, self.answer, self.unless_user, self.unless_answer)))
+    @property
+    def conditions(self) -> tuple[tuple[PatternSet, bool, bool], ...]:
+        """The text conditions, compiled once when the taxonomy is read: (patterns, on the answer
+        (else the user text), negated (an ``unless_``))."""
+        return self._conditions
 
     def fits_media(self, kinds: frozenset[str]) -> bool:
         """Whether a record carrying media ``kinds`` passes the media conditions."""
         return kinds.issuperset(self.media) and kinds.isdisjoint(self.unless_media)
 
     def text_matches(self, user_text: str, answer_text: str) -> bool:
-        """The text conditions, with the patterns compiled once when the taxonomy was read."""
-        user, answer, unless_user, unless_answer = self._compiled
-        return (
-            (not user or _any(user, user_text))
-            and (not answer or _any(answer, answer_text))
-            and not (unless_user and _any(unless_user, user_text))
-            and not (unless_answer and _any(unless_answer, answer_text))
+        """Whether the text conditions hold (TaskAssigner does the same, sharing the searches)."""
+        texts = ((user_text.lower(), user_text), (answer_text.lower(), answer_text))
+        return all(
+            patterns.found(*texts[on_answer]) != negate for patterns, on_answer, negate in self._conditions
         )
 
     def summary(self) -> str:

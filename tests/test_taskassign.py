@@ -482,3 +482,177 @@ def test_pattern_lists_combine_through_yaml_anchors(tmp_path):
     assert [assigner.assign(evidence(u)).task for u in ("Bonjour!", "salut", "hello, bye", "hey")] == [
         "a", "a", None, None,
     ]  # fmt: skip
+
+
+def test_patterns_ignore_case_however_they_are_written(tmp_path):
+    """Patterns are joined and searched in the lowered text for speed; capitals, (?-i:...), a global
+    flag or a backreference keep their meaning."""
+    path = tmp_path / "t.yaml"
+    rule = "{user: ['OCR[0-9]', '(?-i:Hello)', '(ab)\\1', 'plain'], answer: ['(?m)^done$']}"
+    path.write_text(
+        TWO_RULES.split("tasks:")[0]
+        + f"tasks:\n  - {{name: a, family: text, modalities: [text], tier: high, match: [{rule}]}}\n"
+    )
+    assigner = TaskAssigner(load_taxonomy(path))
+    cases = {
+        ("see ocr7", "x\ndone"): "a",
+        ("say Hello", "DONE"): "a",
+        ("say hello", "done"): None,  # (?-i:...) is case-sensitive
+        ("ABAB", "done"): "a",
+        ("abba", "done"): None,
+        ("PLAIN", "done"): "a",
+        ("plain", "not done"): None,
+    }
+    assert {key: assigner.assign(evidence(*key)).task for key in cases} == cases
+
+
+def test_assigner_gives_what_the_rules_say_one_by_one(taxonomy):
+    """The assigner shares searches between rules; the plain reading of the rules agrees."""
+    assigner = TaskAssigner(taxonomy)
+    for user, answer, media, _ in MIXED:
+        plain = next(
+            (
+                f"{task.name}.match[{i}]"
+                for task in taxonomy.tasks
+                for i, rule in enumerate(task.match)
+                if rule.fits_media(media) and rule.text_matches(user, answer)
+            ),
+            "",
+        )
+        assert assigner.assign(evidence(user, answer, media)).detail == plain
+
+
+# --- the report ---------------------------------------------------------------------------------
+
+
+def test_report_says_how_each_task_was_assigned(tmp_path, taxonomy):
+    from quantkit.calibset.report import summarize, write_report_markdown
+    from quantkit.pool import PoolReadResult
+
+    assigner = TaskAssigner(taxonomy, ["pool/labelled_*.jsonl=ocr"], default_task="short_caption")
+    for user, answer, media, _ in MIXED:
+        assigner.assign(evidence(user, answer, media))
+    assigner.assign(evidence("<image>What colour is the bag?", "red", IMAGE))  # -> the default
+    assigner.assign(evidence("<image>x", "y", IMAGE, source="pool/labelled_1.jsonl"))  # -> the mapping
+    assigner.assign(evidence("<audio>x", "y", AUDIO, task="contextual_asr"))  # -> the field
+    summary = assigner.summary()
+    report = summarize(
+        taxonomy=taxonomy,
+        pool=PoolReadResult(records=[], skipped=[], duplicates=0, inputs={}, modality_mismatches={}),
+        usable=[],
+        selected=[],
+        tokens=None,
+        too_long=[],
+        task_assignment=summary,
+    )
+    assert json.loads(json.dumps(report))["task_assignment"] == summary
+    report.update(
+        size=0, size_requested=0, seed=0, samples_file="samples.jsonl", samples_sha256="0" * 64, notes=[]
+    )
+    write_report_markdown(report, tmp_path / "report.md")
+    text = (tmp_path / "report.md").read_text()
+    section = text.split("## How tasks were assigned")[1].split("\n## ")[0]
+    assert "| ocr | 0 | 1 | 9 | 0 | 10 |" in section
+    assert "| asr | 1 | 0 | 4 | 0 | 5 |" in section
+    assert "| short_caption | 0 | 0 | 5 | 1 | 6 |" in section
+    assert "- `pool/labelled_*.jsonl=ocr`: 1 record(s)" in section
+    assert "`--default-task short_caption`: 1 record(s)" in section
+    # Every rule that took records is named, with two of their prompts (placeholders visible).
+    for rule in summary["rules"]:
+        if rule["count"]:
+            assert f"**{rule['rule']}** -> {rule['task']}, {rule['count']} record(s)" in section
+            assert len(rule["examples"]) == min(2, rule["count"])
+            for example in rule["examples"]:
+                assert f"  - `{example}`" in section
+    assert "- **ocr.match[0]** -> ocr, 9 record(s): a request to read the text" in section
+    assert "  - `<image>Please read all the text on this product label.`" in section
+    assert "Rules that matched no record: " in section
+    # Without the summary (a set built before this existed) there is no section.
+    report["task_assignment"] = None
+    write_report_markdown(report, tmp_path / "old.md")
+    assert "How tasks were assigned" not in (tmp_path / "old.md").read_text()
+
+
+# --- through `calibrate`, once the pool reader calls the assigner (branch pool-formats) ------------
+
+
+def _wired() -> bool:
+    import dataclasses
+
+    from quantkit.calibset import CalibrateOptions
+
+    return "task_mappings" in {f.name for f in dataclasses.fields(CalibrateOptions)}
+
+
+@pytest.fixture
+def unlabelled_pool(tmp_path) -> Path:
+    """MIXED as a JSONL pool without task fields, each record with real media of its kinds."""
+    import numpy as np
+    from PIL import Image
+
+    from quantkit.zoo.media import write_mp4, write_wav
+
+    root = tmp_path / "pool"
+    (root / "media").mkdir(parents=True)
+    lines = []
+    for i, (user, answer, media, _) in enumerate(MIXED):
+        record = {"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]}
+        if "image" in media:
+            Image.new("RGB", (64 + i, 48), (i * 5 % 255, 90, 30)).save(root / f"media/i{i}.png")
+            record["images"] = [f"media/i{i}.png"]
+        if "video" in media:
+            frames = (np.full((48, 64, 3), (i * 11 + k * 37) % 255, np.uint8) for k in range(4))
+            write_mp4(root / f"media/v{i}.mp4", frames, (64, 48), 2)
+            record["videos"] = [f"media/v{i}.mp4"]
+        if "audio" in media and "video" not in media:
+            t = np.arange(16000) / 16000
+            write_wav(root / f"media/a{i}.wav", 0.2 * np.sin(2 * np.pi * (200 + i) * t))
+            record["audios"] = [f"media/a{i}.wav"]
+        lines.append(json.dumps(record, ensure_ascii=False))
+    path = root / "unlabelled.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_calibrate_stratifies_an_unlabelled_pool_by_the_rules(tmp_path, unlabelled_pool):
+    if not _wired():
+        pytest.skip("the pool reader does not call TaskAssigner yet (CalibrateOptions.task_mappings comes "
+                    "with branch pool-formats)")  # fmt: skip
+    from quantkit.calibset import CalibrateOptions, build_calibration_set, load_calibration_set
+
+    out = tmp_path / "set"
+    result = build_calibration_set(
+        [unlabelled_pool], out, CalibrateOptions(size=len(MIXED), min_per_stratum=1)
+    )
+    expected = {user: task for user, _, _, task in MIXED}
+    rows = load_calibration_set(out)
+    assert len(rows) > 0
+    for row in rows:
+        user = next(m["content"] for m in row["messages"] if m["role"] == "user")
+        assert row["task"] == expected[user], user
+    assignment = result.report["task_assignment"]
+    assert {t: r["rule"] for t, r in assignment["tasks"].items()} == {
+        task: sum(1 for *_, t in MIXED if t == task) for task in expected.values()
+    }
+    text = (out / "report.md").read_text()
+    for rule in assignment["rules"]:
+        if rule["count"]:
+            assert f"**{rule['rule']}** -> {rule['task']}" in text
+
+
+def test_cli_names_a_misspelled_taxonomy_key(tmp_path):
+    """Issue 19: `teir` is reported by name with the closest key and the file, exit 2, no traceback."""
+    from typer.testing import CliRunner
+
+    from quantkit.cli import app
+
+    bad = _taxonomy_file(tmp_path, "- name: a\n  family: text\n  modalities: [text]\n  teir: high\n")
+    pool = tmp_path / "pool.jsonl"
+    pool.write_text(json.dumps({"task": "a", "messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    result = CliRunner().invoke(
+        app, ["calibrate", str(pool), "--output", str(tmp_path / "o"), "--taxonomy", str(bad)]
+    )
+    assert result.exit_code == 2, result.output
+    assert f"{bad}:12" in result.output and "unknown key 'teir'; did you mean 'tier'?" in result.output
+    assert "Field required" not in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "o").exists()
