@@ -282,6 +282,7 @@ def _build(pools, output, options, taxonomy, taxonomy_path, hooks, store) -> Cal
             selected=selected,
             tokens={r.record_id: tokens[id(r)] for r in selected} if tokens else None,
             too_long=too_long,
+            task_assignment=pool.task_assignment,
         )
         report.update(
             {
@@ -304,8 +305,6 @@ def _build(pools, output, options, taxonomy, taxonomy_path, hooks, store) -> Cal
         report["skipped"]["by_kind"] = dict(
             sorted(Counter(reason_kind(s.reason) for s in pool.skipped).items())
         )
-        if pool.task_assignment is not None:
-            report["task_assignment"] = pool.task_assignment
         hooks.phase("writing")
         with atomic_output_dir(output, force=options.force) as staging:
             rows = _carry_embedded(rows, selected, store, staging, Path(output).absolute() / MEDIA_DIR)

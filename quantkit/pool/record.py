@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 # What json.dumps(..., ensure_ascii=False) writes for a string: records' JSON (payload, id hash,
 # text key) is assembled from pieces with it, byte-identical to dumping the dicts with sort_keys.
@@ -112,10 +112,19 @@ class PoolReadResult:
     notes: list[str] = field(default_factory=list)  # e.g. dataset_info entries not read
     id_conflicts: list[str] = field(default_factory=list)  # "id: file:line and file:line"
     task_assignment: dict | None = None  # TaskAssigner.summary() when tasks were assigned
+    records: InitVar[list[PoolRecord] | None] = None  # a result made by hand (tests): its records
 
-    @property
-    def records(self):
-        """The usable records as PoolRecords (a sequence read again from the sources on access)."""
-        from quantkit.pool.index import RecordsView
+    def __post_init__(self, records: list[PoolRecord] | None) -> None:
+        self._given = records
 
-        return RecordsView(self.index)
+
+def _records(self: PoolReadResult):
+    """The usable records as PoolRecords (a sequence read again from the sources on access)."""
+    if self._given is not None or self.index is None:
+        return list(self._given or [])
+    from quantkit.pool.index import RecordsView
+
+    return RecordsView(self.index)
+
+
+PoolReadResult.records = property(_records)  # type: ignore[assignment,method-assign]
