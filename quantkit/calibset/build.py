@@ -115,27 +115,29 @@ def _missing_tasks(taxonomy: Taxonomy, present: set[str]) -> list[str]:
     return [task.name for task in taxonomy.tasks if task.name not in present]
 
 
-def _members_by_stratum(index: PoolIndex, usable: np.ndarray) -> dict[str, list[int]]:
+def _members_by_stratum(index: PoolIndex, usable: np.ndarray) -> dict[str, np.ndarray]:
     """The usable record numbers of each stratum, ordered by (record_id, source, line): the order
     the seeded choice draws from. Ids are read from the index one stratum at a time."""
     groups = index.groups
     names = sorted({g.stratum for g in groups})
     number = {name: i for i, name in enumerate(names)}
-    stratum_of_group = np.array([number[g.stratum] for g in groups], dtype=np.int64)
+    stratum_of_group = np.array([number[g.stratum] for g in groups], dtype=np.int32)
     strata = stratum_of_group[index.group_of(usable)]
     order = np.argsort(strata, kind="stable")
     bounds = np.searchsorted(strata[order], np.arange(len(names) + 1))
-    result: dict[str, list[int]] = {}
+    result: dict[str, np.ndarray] = {}
     for i, name in enumerate(names):
-        members = usable[order[bounds[i] : bounds[i + 1]]].tolist()
-        if not members:
+        members = usable[order[bounds[i] : bounds[i + 1]]]
+        if not len(members):
             continue
-        ids = [index.record_id(n) for n in members]
+        ids = [index.record_id(n) for n in members.tolist()]  # one stratum's ids at a time
         if len(set(ids)) == len(ids):  # distinct ids: the id alone gives the order
-            result[name] = [n for _, n in sorted(zip(ids, members, strict=True))]
+            ranked = sorted(range(len(ids)), key=ids.__getitem__)
         else:
-            keys = {n: (ids[j], index.sources[groups[index.group[n]].source], index.line[n]) for j, n in enumerate(members)}
-            result[name] = sorted(members, key=keys.__getitem__)
+            sources, lines, group = index.sources, index.line, index.group
+            keys = [(ids[j], sources[groups[group[n]].source], lines[n]) for j, n in enumerate(members.tolist())]
+            ranked = sorted(range(len(ids)), key=keys.__getitem__)
+        result[name] = members[np.asarray(ranked, dtype=np.int64)]
     return result
 
 

@@ -36,50 +36,70 @@ def _media_identities(index: PoolIndex) -> np.ndarray:
     )
 
 
-def _first_of_equal(keys: np.ndarray, second: np.ndarray) -> np.ndarray:
-    """Whether each element is the first (in order) of the elements with the same (key, second):
-    a stable sort by the 64-bit key, then the rare runs of equal keys checked on both."""
-    order = np.argsort(keys, kind="stable")
-    sorted_keys = keys[order]
-    same = np.empty(len(keys), dtype=bool)
-    if len(keys):
-        same[0] = False
-        np.equal(sorted_keys[1:], sorted_keys[:-1], out=same[1:])
-    first = np.ones(len(keys), dtype=bool)
-    if same.any():
-        starts = np.flatnonzero(~same)
-        ends = np.append(starts[1:], len(keys))
-        for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
-            if end - start > 1:  # equal keys: a duplicate when the second part is equal too
-                seen: set[int] = set()
-                for position in order[start:end].tolist():
-                    value = int(second[position])
-                    if value in seen:
-                        first[position] = False
-                    seen.add(value)
-    return first
+def _duplicates_in(positions: np.ndarray, keys: np.ndarray, second: np.ndarray, first: np.ndarray) -> None:
+    """Among ``positions`` (ascending: reading order), clear ``first`` for each one whose (key,
+    second) an earlier one has: a stable sort by the 64-bit key, then the rare runs of equal keys
+    checked on the second 64 bits too."""
+    sub = keys[positions]
+    order = np.argsort(sub, kind="stable")
+    sub = sub[order]
+    equal = sub[1:] == sub[:-1]  # equal to the one before, in sorted order
+    if not equal.any():
+        return
+    in_run = np.zeros(len(sub), dtype=bool)
+    in_run[1:] |= equal
+    in_run[:-1] |= equal
+    seen: dict[int, set[int]] = {}
+    for i in np.flatnonzero(in_run).tolist():  # few: the duplicates and their first copies
+        position = int(positions[order[i]])
+        values = seen.setdefault(int(sub[i]), set())
+        value = int(second[position])
+        if value in values:
+            first[position] = False
+        values.add(value)
 
 
 def drop_duplicates(index: PoolIndex) -> int:
-    """Keep the first of records with the same text and the same media bytes; the count dropped."""
+    """Keep the first of records with the same text and the same media bytes; the count dropped.
+
+    The 128-bit text digests, mixed with the media identity, are checked 1/16 of the pool at a
+    time (by the key's top 4 bits), so the work arrays stay a few bytes a record."""
     rows = index.rows
     if not len(rows):
         return 0
-    identity = _media_identities(index)[index.group_of(rows)]
-    digests = np.frombuffer(index.digest, dtype="<u8").reshape(-1, 2)[rows]
-    keys = digests[:, 0] ^ (identity * _MIX)  # text and media identity in one 64-bit key ...
-    first = _first_of_equal(keys, digests[:, 1] ^ identity)  # ... checked on all 128 bits
-    del digests, keys, identity
+    identity = _media_identities(index)
+    digests = np.frombuffer(index.digest, dtype="<u8")
+    keys = identity[index.group_of(rows)]  # text and media identity in one 64-bit key ...
+    keys *= _MIX
+    keys ^= digests[0::2][rows]
+    second = digests[1::2]  # ... checked on all 128 bits
+    first = np.ones(len(rows), dtype=bool)
+    top = keys.view(np.uint8)[7::8] >> 4  # little-endian: the top byte
+    for bucket in range(16):
+        positions = np.flatnonzero(top == bucket)
+        if len(positions):
+            _duplicates_in(positions, keys, _Second(second, rows), first)
+    del keys, top
     kept = rows[first]
     index.keep(kept)
     return len(rows) - len(kept)
+
+
+class _Second:
+    """The second 64 bits of the digest of the record at a position of ``rows``."""
+
+    def __init__(self, second: np.ndarray, rows: np.ndarray) -> None:
+        self.second, self.rows = second, rows
+
+    def __getitem__(self, position: int) -> int:
+        return self.second[self.rows[position]]
 
 
 def id_conflicts(index: PoolIndex, limit: int = 20) -> tuple[int, list[str]]:
     """Ids that more than one kept record carries (exact duplicates are gone, so their content
     differs): the count, and up to ``limit`` of them as "id: file:line and file:line"."""
     rows = index.rows
-    hashes = np.frombuffer(index.id_hash, dtype=np.int64)[rows] if len(rows) else np.zeros(0, np.int64)
+    hashes = np.frombuffer(index.id_hash, dtype=np.uint32)[rows] if len(rows) else np.zeros(0, np.uint32)
     order = np.argsort(hashes, kind="stable")
     sorted_hashes = hashes[order]
     candidates = np.flatnonzero(sorted_hashes[1:] == sorted_hashes[:-1]) if len(rows) > 1 else []

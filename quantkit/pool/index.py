@@ -17,6 +17,8 @@ import numpy as np
 
 from quantkit.pool.record import PoolRecord, RecordJson
 
+ROW = np.uint32  # record numbers: up to 4 billion records a pool
+
 
 @dataclass(slots=True, eq=False)
 class Group:
@@ -46,7 +48,7 @@ class PoolIndex:
         self.group = array("I")
         self.line = array("I")
         self.locator = array("q")
-        self.id_hash = array("q")
+        self.id_hash = array("I")  # 32 bits: conflicts found by it are checked on the ids
         self.id_end = array("Q")
         self.ids = bytearray()
         self.digest = bytearray()
@@ -58,11 +60,11 @@ class PoolIndex:
     @property
     def rows(self) -> np.ndarray:
         if self._rows is None:
-            return np.arange(len(self.group), dtype=np.int64)
+            return np.arange(len(self.group), dtype=ROW)
         return self._rows
 
     def keep(self, rows: np.ndarray) -> None:
-        self._rows = np.asarray(rows, dtype=np.int64)
+        self._rows = np.asarray(rows, dtype=ROW)
 
     def record_id(self, n: int) -> str:
         start = self.id_end[n - 1] if n else 0

@@ -484,7 +484,7 @@ class RecordParser:
                 add_group(shared[5])
                 add_line(line)
                 add_locator(locator)
-                add_id_hash(hash(record_id))
+                add_id_hash(hash(record_id) & 0xFFFFFFFF)
                 add_id(record_id.encode("utf-8", "surrogatepass"))
                 add_id_end(len(ids))
                 if not shared[2]:

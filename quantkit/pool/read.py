@@ -228,9 +228,11 @@ def _count_source(
         origins.subtract(origins_before)
         origins = +origins  # drops the zeros
     stats.task_origins = origins
-    groups = index.groups
-    # (the unassigned are counted already)
-    stats.modalities.update(groups[g].modality for g in index.group_of(np.arange(before, len(index.group))).tolist())
+    # Counted by group (a record's group gives its modality); the unassigned are counted already.
+    added_groups = index.group_of(np.arange(before, len(index.group)))
+    for g, count in enumerate(np.bincount(added_groups, minlength=len(index.groups)).tolist()):
+        if count:
+            stats.modalities[index.groups[g].modality] += count
     stats.records = added + origins.get("none", 0)
 
 
