@@ -303,6 +303,35 @@ def test_hf_datasets_with_embedded_images(tmp_path, layout):
         assert row["source"].endswith(f":{i + 1}")  # the row number
 
 
+def test_hf_dataset_with_embedded_audio(tmp_path):
+    """An ``Audio`` feature holding WAV bytes (the Hub's layout for speech data), read undecoded."""
+    import datasets
+    import pyarrow as pa
+
+    media = Media(tmp_path)
+    wavs = [(tmp_path / media.audio(seconds=1.0 + i)).read_bytes() for i in range(2)]
+    struct = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    table = pa.table(
+        {
+            "query": pa.array([f"<audio>Transcribe clip {i}." for i in range(2)]),
+            "response": pa.array([f"clip {i}" for i in range(2)]),
+            "audio": pa.array([{"bytes": b, "path": None} for b in wavs], type=struct),
+        }
+    )
+    folder = tmp_path / "speech"
+    datasets.Dataset(table).cast_column("audio", datasets.Audio(decode=False)).save_to_disk(str(folder))
+    info = folder / "dataset_info.json"  # as the Hub stores it: a decoding Audio feature
+    info.write_text(info.read_text().replace('"decode": false', '"decode": true'))
+    assert datasets.load_from_disk(str(folder)).features["audio"].decode
+    out = tmp_path / "set"
+    result, rows = calibrate(folder, "--output", out)
+    assert result.exit_code == 0, result.output
+    for i in range(2):
+        row = by_text(rows, f"Transcribe clip {i}.")
+        [audio] = row["audios"]
+        assert Path(audio).read_bytes() == wavs[i] and row["task"] == "asr" and row["modality"] == "audio"
+
+
 def test_dataset_dict_without_split_lists_the_splits(tmp_path):
     import datasets
 
@@ -372,6 +401,14 @@ def test_truncated_jpeg_is_caught_at_calibrate_time(tmp_path):
     assert result.exit_code == 2 and "truncated JPEG" in result.output and f"{pool}:1" in result.output
     unchecked, _ = calibrate(pool, "--verify-media", "none", "--output", tmp_path / "o")
     assert unchecked.exit_code == 0, unchecked.output
+    lines = pool.read_text() + json.dumps({"messages": [{"role": "user", "content": "Say hi."},
+                                                        {"role": "assistant", "content": "hi"}]}) + "\n"  # fmt: skip
+    pool.write_text(lines)
+    skipped, rows = calibrate(pool, "--skip-invalid", "--output", tmp_path / "s")
+    assert skipped.exit_code == 0, skipped.output
+    assert len(rows) == 1 and rows[0]["images"] == []
+    report = json.loads((tmp_path / "s" / "report.json").read_text())
+    assert report["skipped"]["records"][0]["line"] == 1 and "truncated JPEG" in report["skipped"]["records"][0]["reason"]
 
 
 # --- see before you build ---------------------------------------------------------------------
