@@ -117,28 +117,46 @@ def _missing_tasks(taxonomy: Taxonomy, present: set[str]) -> list[str]:
 
 def _members_by_stratum(index: PoolIndex, usable: np.ndarray) -> dict[str, np.ndarray]:
     """The usable record numbers of each stratum, ordered by (record_id, source, line): the order
-    the seeded choice draws from. Ids are read from the index one stratum at a time."""
+    the seeded choice draws from. One stratum at a time, its ids sorted as bytes in numpy."""
     groups = index.groups
     names = sorted({g.stratum for g in groups})
     number = {name: i for i, name in enumerate(names)}
     stratum_of_group = np.array([number[g.stratum] for g in groups], dtype=np.int32)
     strata = stratum_of_group[index.group_of(usable)]
-    order = np.argsort(strata, kind="stable")
-    bounds = np.searchsorted(strata[order], np.arange(len(names) + 1))
     result: dict[str, np.ndarray] = {}
     for i, name in enumerate(names):
-        members = usable[order[bounds[i] : bounds[i + 1]]]
-        if not len(members):
-            continue
-        ids = [index.record_id(n) for n in members.tolist()]  # one stratum's ids at a time
-        if len(set(ids)) == len(ids):  # distinct ids: the id alone gives the order
-            ranked = sorted(range(len(ids)), key=ids.__getitem__)
-        else:
-            sources, lines, group = index.sources, index.line, index.group
-            keys = [(ids[j], sources[groups[group[n]].source], lines[n]) for j, n in enumerate(members.tolist())]
-            ranked = sorted(range(len(ids)), key=keys.__getitem__)
-        result[name] = members[np.asarray(ranked, dtype=np.int64)]
+        members = usable[np.flatnonzero(strata == i)]
+        if len(members):
+            result[name] = members[_id_order(index, members)]
     return result
+
+
+def _id_order(index: PoolIndex, members: np.ndarray) -> np.ndarray:
+    """The positions of ``members`` in (record_id, source, line) order. Distinct ids of up to 64
+    bytes sort as fixed-width bytes in numpy (UTF-8 bytes order = code point order); anything else
+    (equal ids, a NUL, longer ids) by Python's sort of the decoded ids."""
+    ends = np.frombuffer(index.id_end, dtype=np.uint32).astype(np.int64)
+    stop = ends[members]
+    start = np.where(members > 0, ends[np.maximum(members.astype(np.int64) - 1, 0)], 0)
+    lengths = stop - start
+    width = int(lengths.max()) if len(lengths) else 0
+    if 0 < width <= 64 and 0 not in index.ids:  # zero-padding then sorts shorter ids first, as str does
+        blob = np.frombuffer(index.ids, dtype=np.uint8)
+        table = np.zeros((len(members), width), dtype=np.uint8)
+        for j in range(width):
+            has = np.flatnonzero(lengths > j)
+            table[has, j] = blob[start[has] + j]
+        keys = table.view(f"S{width}").ravel()
+        order = np.argsort(keys, kind="stable")
+        ordered = keys[order]
+        if not (ordered[1:] == ordered[:-1]).any():
+            return order
+    ids = [index.record_id(n) for n in members.tolist()]
+    if len(set(ids)) == len(ids):
+        return np.asarray(sorted(range(len(ids)), key=ids.__getitem__), dtype=np.int64)
+    sources, lines, group, groups = index.sources, index.line, index.group, index.groups
+    keys = [(ids[j], sources[groups[group[n]].source], lines[n]) for j, n in enumerate(members.tolist())]
+    return np.asarray(sorted(range(len(ids)), key=keys.__getitem__), dtype=np.int64)
 
 
 class _UsableGroups:

@@ -69,9 +69,10 @@ def drop_duplicates(index: PoolIndex) -> int:
         return 0
     identity = _media_identities(index)
     digests = np.frombuffer(index.digest, dtype="<u8")
-    keys = identity[index.group_of(rows)]  # text and media identity in one 64-bit key ...
+    everything = len(rows) == len(index.group)  # rows is 0..n-1: index the columns directly
+    keys = identity[index.group_of(None if everything else rows)]  # text and media identity in one key ...
     keys *= _MIX
-    keys ^= digests[0::2][rows]
+    keys ^= digests[0::2] if everything else digests[0::2][rows]
     second = digests[1::2]  # ... checked on all 128 bits
     first = np.ones(len(rows), dtype=bool)
     top = keys.view(np.uint8)[7::8] >> 4  # little-endian: the top byte
@@ -97,19 +98,27 @@ class _Second:
 
 def id_conflicts(index: PoolIndex, limit: int = 20) -> tuple[int, list[str]]:
     """Ids that more than one kept record carries (exact duplicates are gone, so their content
-    differs): the count, and up to ``limit`` of them as "id: file:line and file:line"."""
+    differs): the count, and up to ``limit`` of them as "id: file:line and file:line". Candidates
+    share a 32-bit id hash (found a sixteenth of the pool at a time), then their ids are compared."""
     rows = index.rows
-    hashes = np.frombuffer(index.id_hash, dtype=np.uint32)[rows] if len(rows) else np.zeros(0, np.uint32)
-    order = np.argsort(hashes, kind="stable")
-    sorted_hashes = hashes[order]
-    candidates = np.flatnonzero(sorted_hashes[1:] == sorted_hashes[:-1]) if len(rows) > 1 else []
-    if not len(candidates):
+    if len(rows) < 2:
         return 0, []
-    involved = sorted(set(order[candidates].tolist()) | set(order[np.asarray(candidates) + 1].tolist()))
+    hashes = np.frombuffer(index.id_hash, dtype=np.uint32)
+    hashes = hashes if len(rows) == len(index.group) else hashes[rows]
+    top = (hashes >> 28).astype(np.uint8)
+    involved: list[int] = []
+    for bucket in range(16):
+        positions = np.flatnonzero(top == bucket)
+        sub = hashes[positions]
+        ordered = np.sort(sub)
+        repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+        if len(repeated):
+            involved += positions[np.isin(sub, repeated)].tolist()
+    del top
     first: dict[str, int] = {}
     count, examples = 0, []
     groups, sources = index.groups, index.sources
-    for position in involved:  # in reading order
+    for position in sorted(involved):  # in reading order
         n = int(rows[position])
         record_id = index.record_id(n)
         other = first.setdefault(record_id, n)

@@ -49,7 +49,7 @@ class PoolIndex:
         self.line = array("I")
         self.locator = array("q")
         self.id_hash = array("I")  # 32 bits: conflicts found by it are checked on the ids
-        self.id_end = array("Q")
+        self.id_end = array("I")  # ids blob up to 4 GiB
         self.ids = bytearray()
         self.digest = bytearray()
         self._rows: np.ndarray | None = None
