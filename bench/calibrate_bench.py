@@ -12,6 +12,8 @@ some exact duplicates. Then, alternately and each in a fresh subprocess:
 Prints the medians, the ratio b/a and whether the goals hold (ratio <= 3, peak RSS < 1 GB).
 
     .venv/bin/python bench/calibrate_bench.py [--records 100000] [--size 5000] [--repeats 3] [--json OUT]
+    .venv/bin/python bench/calibrate_bench.py --records 10000000 --make-pool /tmp/p10m   # once, then
+    .venv/bin/python bench/calibrate_bench.py --pool /tmp/p10m/pool.jsonl --code ../main --repeats 1
 
 Standalone: nothing in the package imports this file.
 """
@@ -209,13 +211,18 @@ def run(
     workdir: Path | None = None,
     code: Path = ROOT,
     per_task: int = 12,
+    existing: Path | None = None,
 ) -> dict:
     with tempfile.TemporaryDirectory(prefix="qk-calib-bench-", dir=workdir) as tmp:
         folder = Path(tmp)
         started = time.perf_counter()
-        pool_info = make_pool(folder, records, per_task=per_task)
+        if existing is not None:  # a pool make_pool wrote before (its media beside it)
+            pool = str(existing)
+            pool_info = json.loads(Path(existing).with_suffix(".json").read_text())
+        else:
+            pool_info = make_pool(folder, records, per_task=per_task)
+            pool = str(folder / "pool.jsonl")
         make_s = time.perf_counter() - started
-        pool = str(folder / "pool.jsonl")
         parses, builds = [], []
         for _ in range(repeats):  # alternate: a b a b ...
             parses.append(_run_child("parse", pool))
@@ -228,6 +235,7 @@ def run(
             "records": records,
             "size": size,
             "repeats": repeats,
+            "code": str(code),
             "pool": pool_info,
             "make_pool_s": round(make_s, 1),
             "parse_s": round(parse_s, 3),
@@ -292,10 +300,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-task", type=int, default=12, help="demo-pool records per task: the media set")
     parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     parser.add_argument(
+        "--make-pool", type=Path, help="only write a pool of --records records into this folder (and its figures)"
+    )
+    parser.add_argument(
+        "--pool", type=Path, help="measure this pool (one --make-pool wrote) instead of writing one: "
+        "the same pool for two --code checkouts"
+    )
+    parser.add_argument(
         "--code", type=Path, default=ROOT, help="the quantkit checkout to measure (default: this one)"
     )
     args = parser.parse_args(argv)
-    result = run(args.records, args.size, args.repeats, code=args.code.resolve(), per_task=args.per_task)
+    if args.make_pool is not None:
+        args.make_pool.mkdir(parents=True, exist_ok=True)
+        info = make_pool(args.make_pool, args.records, per_task=args.per_task)
+        (args.make_pool / "pool.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+        print(json.dumps(info))
+        return 0
+    result = run(
+        args.records, args.size, args.repeats, code=args.code.resolve(), per_task=args.per_task, existing=args.pool
+    )
     print(report(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -6,13 +6,22 @@ import re
 
 # One placeholder per media item, in the order the media lists give them.
 PLACEHOLDER = re.compile(r"<(image|video|audio)>")
-# LLaMA-Factory's ShareGPT spelling maps onto chat roles.
+# Role spellings of the frameworks, mapped onto the chat roles a calibration set holds (system,
+# user, assistant, tool). ShareGPT (LLaMA-Factory): human, gpt, function_call (the assistant's
+# tool call), observation (the tool's answer). ms-swift: tool_call, tool_response. OpenAI: tool,
+# function.
 ROLE_ALIASES = {
     "human": "user",
     "gpt": "assistant",
     "user": "user",
     "assistant": "assistant",
     "system": "system",
+    "tool": "tool",
+    "function_call": "assistant",
+    "tool_call": "assistant",
+    "observation": "tool",
+    "tool_response": "tool",
+    "function": "tool",
 }
 
 

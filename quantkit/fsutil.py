@@ -90,10 +90,15 @@ def refuse_overlap(
 
 
 def refuse_calibrate_overlap(
-    output: Path, pools: Iterable[Path], taxonomy: Path | None, model: Path | None
+    output: Path,
+    pools: Iterable[Path],
+    taxonomy: Path | None,
+    model: Path | None,
+    media_roots: Iterable[Path] = (),
 ) -> None:
     """:func:`refuse_overlap` for ``calibrate``: the pool files, their media folders (media paths
-    resolve inside the pool file's folder, or the pool folder itself), the taxonomy, the model.
+    resolve inside the pool file's folder, or the pool folder itself), the ``--media-root``
+    folders, the taxonomy, the model.
 
     A set may go beside its pool (``calibrate pool.jsonl --output calib``): a new folder inside
     the media folder, or a previous set there, holds no media; any other existing folder might."""
@@ -104,10 +109,11 @@ def refuse_calibrate_overlap(
         {
             "pool": pools,
             "pool's media folder": [p if p.is_dir() else p.parent for p in pools],
+            "media root": [Path(root) for root in media_roots],
             "taxonomy": taxonomy,
             "model folder": model,
         },
-        inside_ok=["pool's media folder"] if replaceable else [],
+        inside_ok=["pool's media folder", "media root"] if replaceable else [],
     )
 
 

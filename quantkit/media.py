@@ -234,3 +234,227 @@ def load_audio(
         raise MediaError("audio decoded to no samples")
     audio = np.concatenate(chunks).astype(np.float32)
     return audio[:limit] if limit is not None else audio
+
+
+# --- where media may come from: the places the user named -------------------------------------
+
+
+MIME_EXTENSIONS = {
+    "image/png": ".png",
+    "image/jpeg": ".jpg",
+    "image/jpg": ".jpg",
+    "image/webp": ".webp",
+    "image/gif": ".gif",
+    "image/bmp": ".bmp",
+    "audio/wav": ".wav",
+    "audio/x-wav": ".wav",
+    "audio/wave": ".wav",
+    "audio/flac": ".flac",
+    "audio/mpeg": ".mp3",
+    "audio/mp3": ".mp3",
+    "audio/ogg": ".ogg",
+    "audio/mp4": ".m4a",
+    "video/mp4": ".mp4",
+    "video/webm": ".webm",
+    "video/quicktime": ".mov",
+    "video/x-matroska": ".mkv",
+}
+# Formats named by their short spelling (OpenAI's input_audio "format", Pillow's format names).
+FORMAT_EXTENSIONS = {
+    "wav": ".wav",
+    "mp3": ".mp3",
+    "flac": ".flac",
+    "ogg": ".ogg",
+    "m4a": ".m4a",
+    "png": ".png",
+    "jpeg": ".jpg",
+    "jpg": ".jpg",
+    "webp": ".webp",
+    "gif": ".gif",
+    "bmp": ".bmp",
+    "mp4": ".mp4",
+}
+
+
+def _sniff_extension(data: bytes, kind: str) -> str | None:
+    """The file extension the bytes' magic number says, for embedded media without a name."""
+    if data.startswith(b"\x89PNG"):
+        return ".png"
+    if data.startswith(b"\xff\xd8"):
+        return ".jpg"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return ".webp"
+    if data[:4] == b"RIFF" and data[8:12] == b"WAVE":
+        return ".wav"
+    if data.startswith((b"GIF87a", b"GIF89a")):
+        return ".gif"
+    if data.startswith(b"BM"):
+        return ".bmp"
+    if data.startswith(b"fLaC"):
+        return ".flac"
+    if data.startswith(b"OggS"):
+        return ".ogg"
+    if data.startswith(b"ID3") or data[:2] in (b"\xff\xfb", b"\xff\xf3", b"\xff\xf2"):
+        return ".mp3"
+    if data[4:8] == b"ftyp":
+        return ".mp4" if kind == "video" else ".m4a"
+    if data.startswith(b"\x1a\x45\xdf\xa3"):
+        return ".mkv" if kind == "video" else None
+    return None
+
+
+class MediaStore:
+    """Media that arrive as bytes (base64 data URIs, a datasets ``Image`` / ``Audio`` feature),
+    written once as content-addressed files ``<sha256[:32]><ext>`` in one folder, so that the same
+    bytes always get the same path and a calibration set can carry the ones it selects."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self._written: set[str] = set()
+
+    def put(self, data: bytes, kind: str, *, name_hint: str | None = None, mime: str | None = None) -> Path:
+        import hashlib
+
+        ext = None
+        if mime:
+            ext = MIME_EXTENSIONS.get(mime.lower())
+        if ext is None and name_hint:
+            suffix = Path(name_hint).suffix.lower()
+            ext = suffix if suffix in EXTENSIONS[kind] else None
+        ext = ext or _sniff_extension(data, kind) or (name_hint and Path(name_hint).suffix.lower()) or ""
+        name = hashlib.sha256(data).hexdigest()[:32] + ext
+        path = self.folder / name
+        if name not in self._written:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            if not path.exists():
+                partial = path.with_name(f".{name}.partial")
+                partial.write_bytes(data)
+                partial.replace(path)
+            self._written.add(name)
+        return path
+
+
+def decode_data_uri(text: str) -> tuple[bytes, str | None]:
+    """``data:[<mime>][;base64],<data>`` -> (bytes, mime). Raises MediaError for a malformed one."""
+    import base64
+    import binascii
+    from urllib.parse import unquote_to_bytes
+
+    head, sep, body = text.partition(",")
+    if not sep or not head.startswith("data:"):
+        raise MediaError("malformed data URI: expected 'data:<mime>;base64,<data>'")
+    params = head[5:].split(";")
+    mime = params[0] or None
+    try:
+        data = base64.b64decode(body, validate=False) if "base64" in params[1:] else unquote_to_bytes(body)
+    except (binascii.Error, ValueError) as err:
+        raise MediaError(f"malformed base64 in a data URI: {err}") from None
+    if not data:
+        raise MediaError("empty data URI")
+    return data, mime
+
+
+class MediaRoots:
+    """The places media may come from: the pool's own folder and every ``--media-root``.
+
+    Relative paths resolve against the pool's folder, then against each media root in order (as
+    LLaMA-Factory's ``media_dir`` and ms-swift's absolute paths are meant); absolute paths and
+    ``file://`` URIs must lie inside one of the roots. The file's real location (symlinks followed)
+    must lie inside one too: a link that leaves the allowed places is refused."""
+
+    def __init__(self, base: Path, media_roots: tuple[Path, ...] = ()) -> None:
+        self.base = Path(os.path.normpath(Path(base).absolute()))
+        self.roots = (self.base, *(Path(os.path.normpath(Path(r).absolute())) for r in media_roots))
+        self.real_roots = tuple(Path(os.path.realpath(r)) for r in self.roots)
+
+    def _inside(self, path: Path, roots: tuple[Path, ...]) -> bool:
+        return any(root == path or root in path.parents for root in roots)
+
+    def resolve(self, text: str) -> Path | str:
+        """The absolute (lexically normalised) path of ``text``, or an error word: 'escapes',
+        'missing', 'link-escapes', 'remote'."""
+        if text.startswith(("http://", "https://", "ftp://", "s3://", "gs://", "oss://")):
+            return "remote"
+        if text.startswith("file://"):
+            from urllib.parse import unquote, urlparse
+
+            text = unquote(urlparse(text).path)
+        path = Path(text)
+        if path.is_absolute():
+            candidates = [Path(os.path.normpath(path))]
+        else:
+            candidates = [Path(os.path.normpath(root / path)) for root in self.roots]
+        inside = [c for c in candidates if self._inside(c, self.roots)]
+        if not inside:
+            return "escapes"
+        full = next((c for c in inside if c.is_file()), None)
+        if full is None:
+            return "missing"
+        if not self._inside(Path(os.path.realpath(full)), self.real_roots):
+            return "link-escapes"
+        return full
+
+    def relative(self, path: Path) -> str:
+        """``path`` relative to the first root holding it (for ids that do not depend on where
+        the pool lies), else as it is."""
+        for root in self.roots:
+            if root in path.parents:
+                return str(path.relative_to(root))
+        return str(path)
+
+    def describe(self) -> str:
+        if len(self.roots) == 1:
+            return f"the pool folder {self.base}"
+        return "the pool folder and the media roots: " + ", ".join(str(r) for r in self.roots)
+
+
+# --- verifying media past their headers (calibrate --verify-media) -----------------------------
+
+
+def verify_image(path: Path) -> None:
+    """Beyond the header probe: a JPEG must end with its end-of-image marker (a file cut after its
+    header passes Pillow's verify()); other formats are checked by Pillow's verify() in the probe."""
+    if path.suffix.lower() in (".jpg", ".jpeg"):
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 64))
+            tail = handle.read()
+        if b"\xff\xd9" not in tail:
+            raise MediaError("truncated JPEG: no end-of-image marker (the file was cut)")
+
+
+def _decode_tail(path: Path, kind: str) -> None:
+    """Seek to the last second of the file's first ``kind`` stream and decode to its end: a file
+    cut short fails here, not later in quantize."""
+    import av
+
+    try:
+        with av.open(str(path)) as container:
+            stream = (container.streams.audio if kind == "audio" else container.streams.video)[0]
+            duration = _stream_duration(stream, container)
+            if duration > 1 and stream.time_base:
+                container.seek(
+                    int((duration - 1) / stream.time_base), stream=stream, any_frame=kind == "audio"
+                )
+            if not any(True for _frame in container.decode(stream)):
+                raise MediaError(f"{kind} decodes to no frame near its end (truncated file?)")
+    except MediaError:
+        raise
+    except (av.error.FFmpegError, OSError, ValueError, IndexError) as err:
+        raise MediaError(f"{kind} does not decode to its end: {err}") from None
+
+
+def verify_audio(path: Path) -> None:
+    """Decode the last audio frames (a WAV's probe already checked its sample bytes are all there)."""
+    if path.suffix.lower() == ".wav" and _probe_wav(path) is not None:
+        return
+    _decode_tail(path, "audio")
+
+
+def verify_video(path: Path) -> None:
+    """Seek to the last second and decode its packets."""
+    _decode_tail(path, "video")
+
+
+VERIFIERS = {"image": verify_image, "video": verify_video, "audio": verify_audio}

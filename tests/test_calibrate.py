@@ -247,6 +247,36 @@ def test_model_token_counts_and_max_seq_len(demo_pool, zoo_model, tmp_path):
     assert result.report["tokens"]["max"] <= 400
 
 
+def test_max_seq_len_stops_tokenising_a_huge_record_early(zoo_model, tmp_path):
+    """A record far over --max-seq-len is left out from a prefix of its text: the count the
+    counter gives under the limit is over it and below the full count (issue 19.7)."""
+    from transformers import AutoProcessor
+
+    from quantkit.calibset.tokens import TokenCounter
+
+    model = zoo_model("tiny-qwen2.5-omni")
+    counter = TokenCounter(AutoProcessor.from_pretrained(model))
+    words = " ".join(f"word{i}" for i in range(40_000))
+    payload = {"messages": [{"role": "user", "content": words}, {"role": "assistant", "content": "ok"}],
+               "images": [], "videos": [], "audios": []}  # fmt: skip
+    capped, full = counter(payload, limit=64), counter(payload)
+    assert 64 < capped < full
+    assert counter({**payload, "messages": [{"role": "user", "content": "hi"}]}, limit=64) == counter(
+        {**payload, "messages": [{"role": "user", "content": "hi"}]}
+    )  # short texts: the exact count
+    pool = PoolBuilder(tmp_path / "pool")
+    pool.record("precise", prompt=words, answer="ok")
+    for i in range(3):
+        pool.record("precise", prompt=f"short {i}", answer="ok")
+    taxonomy = tmp_path / "taxonomy.yaml"
+    taxonomy.write_text(TWO_TIER_TAXONOMY)
+    result = build_calibration_set(
+        [pool.write()], tmp_path / "s",
+        CalibrateOptions(size=4, model=model, max_seq_len=64, taxonomy=taxonomy, allow_missing_tasks=True),
+    )  # fmt: skip
+    assert result.report["size"] == 3 and result.report["too_long"]["count"] == 1
+
+
 def test_token_count_matches_processor_for_images_and_audio(zoo_model, tmp_path):
     """Header-based counts equal the processor's real output length (no pixels decoded)."""
     from transformers import AutoProcessor
@@ -285,7 +315,6 @@ BAD_RECORDS = [
     ("{not json", "malformed JSON"),
     ('["a list"]', "must be a JSON object"),
     ('{"task": "ocr", "images": []}', "missing field 'messages'"),
-    ('{"messages": [{"role": "user", "content": "hi"}]}', "missing field 'task'"),
     ('{"task": "ocrr", "messages": [{"role": "user", "content": "hi"}]}', "did you mean 'ocr'"),
     (
         '{"task": "ocr", "messages": [{"role": "user", "content": "<image>hi"}], "images": ["media/nope.png"]}',
@@ -379,6 +408,29 @@ def test_skip_invalid_counts_skipped_records(bad_pool_dir, tmp_path):
     assert {r["line"] for r in result.report["skipped"]["records"]} == set(range(2, len(BAD_RECORDS) + 2))
 
 
+def test_records_without_task_and_no_rule_name_source_and_flag(tmp_path):
+    """A taxonomy without match rules: records with no task field fail once the pool is read, with
+    the source, the count and the flag that would assign them; --task or --default-task fixes it."""
+    taxonomy = tmp_path / "taxonomy.yaml"
+    taxonomy.write_text(TWO_TIER_TAXONOMY)
+    pool = PoolBuilder(tmp_path / "pool")
+    pool.record("precise", prompt="Read 1.", answer="1")
+    for i in range(3):
+        pool.raw(json.dumps({"messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "hi"}]}))
+    path = pool.write()
+    args = ["calibrate", str(path), "--output", str(tmp_path / "o"), "--size", "4", "--taxonomy", str(taxonomy)]
+    result = runner.invoke(app, [*args, "--allow-missing-tasks"])
+    assert result.exit_code == 2, result.output
+    assert "3 record(s)" in result.output and str(path) in result.output and "--task" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "o").exists()
+    fixed = runner.invoke(app, [*args, "--task", f"{path}=casual"])
+    assert fixed.exit_code == 0, fixed.output
+    rows = [json.loads(line) for line in (tmp_path / "o" / "samples.jsonl").read_text().splitlines()]
+    assert Counter(r["task"] for r in rows) == {"precise": 1, "casual": 3}
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert report["sources"][0]["task_origins"] == {"field": 1, "mapping": 3}
+
+
 def test_empty_pool_and_missing_pool(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
@@ -433,7 +485,7 @@ def test_sample_lines_are_exactly_the_json_of_their_rows(demo_pool):
     """samples.jsonl lines are assembled from JSON pieces for speed; each must equal the plain
     json.dumps of the row that _row describes (sorted keys, non-ASCII kept)."""
     from quantkit.calibset.build import _dumps, _row, _RowJson
-    from quantkit.pool.reader import read_pool
+    from quantkit.pool import read_pool
     from quantkit.taxonomy import load_taxonomy
 
     taxonomy = load_taxonomy()

@@ -4,25 +4,33 @@ from __future__ import annotations
 
 import functools
 import json
-from collections import defaultdict
+import os
+import shutil
+import tempfile
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from operator import attrgetter
 from pathlib import Path
+
+import numpy as np
 
 from quantkit import __version__
 from quantkit.calibset.allocate import allocate, choose
 from quantkit.calibset.report import summarize, write_report_markdown
 from quantkit.errors import InputError
 from quantkit.fsutil import atomic_output_dir, check_output_free, refuse_calibrate_overlap, sha256_file
-from quantkit.pool import PoolRecord, read_pool
-from quantkit.pool.reader import gc_paused
+from quantkit.media import MediaStore
+from quantkit.pool import PoolReadResult, PoolRecord, gc_paused, read_pool
+from quantkit.pool.index import PoolIndex
+from quantkit.pool.read import reason_kind
 from quantkit.taxonomy import DEFAULT_TAXONOMY, Taxonomy, load_taxonomy
 
 SET_FORMAT = "quantkit-calibration-set"
 SET_VERSION = 1
 SAMPLES_FILE = "samples.jsonl"
 REPORT_FILE = "report.json"
+MEDIA_DIR = "media"  # embedded media (data URIs, datasets Image / Audio bytes) the set carries
+VERIFY_KINDS = ("image", "video", "audio")
 
 
 @dataclass(frozen=True)
@@ -38,13 +46,23 @@ class CalibrateOptions:
     allow_missing_tasks: bool = False
     strict: bool = False
     force: bool = False
+    # Where records come from and how they are read.
+    media_roots: tuple[Path, ...] = ()  # folders media may lie in besides the pool's own
+    datasets: tuple[str, ...] = ()  # LLaMA-Factory dataset names (dataset_info.json entries)
+    split: str | None = None  # the split of a DatasetDict / Hub-layout folder
+    verify_media: tuple[str, ...] = ("image", "audio")  # kinds checked to decode to their end
+    # Tasks for records without a task field (quantkit.taskassign).
+    task_mappings: tuple[str, ...] = ()  # --task SOURCE=TASK
+    default_task: str | None = None
+    dry_run: bool = False  # read and validate everything, write nothing
 
 
 @dataclass
 class CalibrationSetResult:
-    output: Path
+    output: Path | None  # None for a dry run
     report: dict
     notes: list[str] = field(default_factory=list)
+    error: InputError | None = None  # a dry run's verdict: what a real run would fail with
 
 
 @dataclass
@@ -66,11 +84,92 @@ def _validate_options(options: CalibrateOptions) -> None:
         raise InputError("--max-seq-len needs --model", hint="token counts come from the model's processor")
     if options.max_seq_len is not None and options.max_seq_len < 1:
         raise InputError("--max-seq-len must be at least 1")
+    unknown = [k for k in options.verify_media if k not in VERIFY_KINDS]
+    if unknown:
+        raise InputError(
+            f"--verify-media: unknown media kind {unknown[0]!r}", hint="use image, video, audio, all or none"
+        )
 
 
-def _missing_tasks(taxonomy: Taxonomy, records: list[PoolRecord]) -> list[str]:
-    present = {record.task for record in records}
+def _task_assigner(taxonomy: Taxonomy, options: CalibrateOptions):
+    """The TaskAssigner for records without a task field: --task mappings, the taxonomy's match
+    rules, --default-task. None where quantkit.taskassign is not installed yet (then every
+    record needs its field, as before)."""
+    try:
+        from quantkit.taskassign import TaskAssigner
+    except ImportError:
+        if options.task_mappings or options.default_task:
+            raise InputError(
+                "--task / --default-task need quantkit.taskassign, which this build lacks"
+            ) from None
+        return None
+    return TaskAssigner(taxonomy, options.task_mappings, options.default_task)
+
+
+def source_table(pool: PoolReadResult) -> list[dict]:
+    """Per source: format detected, records, skipped by reason, tasks by origin, modalities."""
+    return [stats.as_dict() for stats in pool.sources]
+
+
+def _missing_tasks(taxonomy: Taxonomy, present: set[str]) -> list[str]:
     return [task.name for task in taxonomy.tasks if task.name not in present]
+
+
+def _members_by_stratum(index: PoolIndex, usable: np.ndarray) -> dict[str, np.ndarray]:
+    """The usable record numbers of each stratum, ordered by (record_id, source, line): the order
+    the seeded choice draws from. One stratum at a time, its ids sorted as bytes in numpy."""
+    groups = index.groups
+    names = sorted({g.stratum for g in groups})
+    number = {name: i for i, name in enumerate(names)}
+    stratum_of_group = np.array([number[g.stratum] for g in groups], dtype=np.int32)
+    strata = stratum_of_group[index.group_of(usable)]
+    result: dict[str, np.ndarray] = {}
+    for i, name in enumerate(names):
+        members = usable[np.flatnonzero(strata == i)]
+        if len(members):
+            result[name] = members[_id_order(index, members)]
+    return result
+
+
+def _id_order(index: PoolIndex, members: np.ndarray) -> np.ndarray:
+    """The positions of ``members`` in (record_id, source, line) order. Distinct ids of up to 64
+    bytes sort as fixed-width bytes in numpy (UTF-8 bytes order = code point order); anything else
+    (equal ids, a NUL, longer ids) by Python's sort of the decoded ids."""
+    ends = np.frombuffer(index.id_end, dtype=np.uint32).astype(np.int64)
+    stop = ends[members]
+    start = np.where(members > 0, ends[np.maximum(members.astype(np.int64) - 1, 0)], 0)
+    lengths = stop - start
+    width = int(lengths.max()) if len(lengths) else 0
+    if 0 < width <= 64 and 0 not in index.ids:  # zero-padding then sorts shorter ids first, as str does
+        blob = np.frombuffer(index.ids, dtype=np.uint8)
+        table = np.zeros((len(members), width), dtype=np.uint8)
+        for j in range(width):
+            has = np.flatnonzero(lengths > j)
+            table[has, j] = blob[start[has] + j]
+        keys = table.view(f"S{width}").ravel()
+        order = np.argsort(keys, kind="stable")
+        ordered = keys[order]
+        if not (ordered[1:] == ordered[:-1]).any():
+            return order
+    ids = [index.record_id(n) for n in members.tolist()]
+    if len(set(ids)) == len(ids):
+        return np.asarray(sorted(range(len(ids)), key=ids.__getitem__), dtype=np.int64)
+    sources, lines, group, groups = index.sources, index.line, index.group, index.groups
+    keys = [(ids[j], sources[groups[group[n]].source], lines[n]) for j, n in enumerate(members.tolist())]
+    return np.asarray(sorted(range(len(ids)), key=keys.__getitem__), dtype=np.int64)
+
+
+class _UsableGroups:
+    """The usable records as the report counts them: one group (task, modality, bucket) each."""
+
+    def __init__(self, index: PoolIndex, usable: np.ndarray) -> None:
+        self.index, self.usable = index, usable
+
+    def __len__(self) -> int:
+        return len(self.usable)
+
+    def __iter__(self):
+        return self.index.groups_of(self.usable)
 
 
 def build_calibration_set(
@@ -88,13 +187,29 @@ def build_calibration_set(
     under ``strict``.
     """
     hooks = _Hooks(on_bytes, on_phase)
-    output = Path(output)
     _validate_options(options)
-    refuse_calibrate_overlap(output, pools, options.taxonomy, options.model)
-    check_output_free(output, options.force)
+    if not options.dry_run:
+        if output is None:
+            raise InputError("--output is required (or pass --dry-run to only read and check the pool)")
+        output = Path(output)
+        refuse_calibrate_overlap(output, pools, options.taxonomy, options.model, options.media_roots)
+        check_output_free(output, options.force)
     taxonomy_path = Path(options.taxonomy) if options.taxonomy else DEFAULT_TAXONOMY
     taxonomy = load_taxonomy(taxonomy_path)
 
+    # Embedded media are written beside the output while reading; the selected ones move into
+    # the set's media/ folder, the rest go with this folder.
+    if output is not None:
+        store = MediaStore(Path(output).absolute().parent / f".{Path(output).name}.media-{os.getpid()}")
+    else:  # a dry run writes nothing the user sees
+        store = MediaStore(Path(tempfile.gettempdir()) / f"quantkit-dry-run-media-{os.getpid()}")
+    try:
+        return _build(pools, output, options, taxonomy, taxonomy_path, hooks, store)
+    finally:
+        shutil.rmtree(store.folder, ignore_errors=True)
+
+
+def _build(pools, output, options, taxonomy, taxonomy_path, hooks, store) -> CalibrationSetResult:
     processor = image_rule = None
     if options.model is not None:
         from quantkit.calibset.tokens import image_rule_of, load_processor
@@ -102,6 +217,7 @@ def build_calibration_set(
         processor = load_processor(options.model)
         image_rule = image_rule_of(processor)
 
+    assigner = _task_assigner(taxonomy, options)
     hooks.phase("reading pool")
     pool = read_pool(
         pools,
@@ -110,9 +226,23 @@ def build_calibration_set(
         task_field=options.task_field,
         skip_invalid=options.skip_invalid,
         on_bytes=hooks.on_bytes,
+        media_roots=tuple(options.media_roots),
+        datasets=tuple(options.datasets),
+        split=options.split,
+        store=store,
+        assigner=assigner,
+        verify_media=frozenset(options.verify_media),
     )
-    notes: list[str] = []
-    missing = _missing_tasks(taxonomy, pool.records)
+    unassigned = assigner.unassigned_error() if assigner is not None else None
+    if options.dry_run:
+        return _dry_run(pool, unassigned)
+    if unassigned is not None:
+        raise unassigned
+    notes: list[str] = list(pool.notes)
+    index = pool.index
+    groups = index.groups
+    usable = index.rows  # record numbers, in reading order
+    missing = _missing_tasks(taxonomy, {groups[g].task for g in np.unique(index.group_of(usable)).tolist()})
     if missing and not options.allow_missing_tasks:
         raise InputError(
             f"{len(missing)} task(s) of the taxonomy have no sample in the pool: {', '.join(missing)}",
@@ -121,63 +251,59 @@ def build_calibration_set(
     if missing:
         notes.append(f"tasks without samples (allowed): {', '.join(missing)}")
 
-    tokens: dict[int, int] = {}
-    too_long: list[PoolRecord] = []
-    records = pool.records
+    token_counts: np.ndarray | None = None  # aligned with usable
+    too_long: list = []  # the groups of the records left out (what the report counts by)
     if processor is not None:
         from quantkit.calibset.tokens import TokenCounter
 
         hooks.phase("counting tokens")
         counter = TokenCounter(processor)
-        kept = []
-        for record in records:
-            count = counter(json.loads(record.payload))
-            tokens[id(record)] = count
-            if options.max_seq_len is not None and count > options.max_seq_len:
-                too_long.append(record)
-            else:
-                kept.append(record)
-        records = kept
+        counts = np.zeros(len(usable), dtype=np.int64)
+        for start in range(0, len(usable), 4096):  # records read again a batch at a time
+            for offset, record in enumerate(index.materialize(usable[start : start + 4096])):
+                counts[start + offset] = counter(json.loads(record.payload), limit=options.max_seq_len)
+        fits = counts <= options.max_seq_len if options.max_seq_len is not None else np.ones(len(usable), bool)
+        too_long = list(index.groups_of(usable[~fits]))
+        usable, token_counts = usable[fits], counts[fits]
         if too_long:
             notes.append(f"{len(too_long)} sample(s) over --max-seq-len {options.max_seq_len} left out")
-        if not records:
+        if not len(usable):
             raise InputError(f"every sample is longer than --max-seq-len {options.max_seq_len}")
 
     # Nothing below makes reference cycles: no cyclic GC walking the pool's records meanwhile.
     with gc_paused():
         hooks.phase("allocating")
-        by_stratum: dict[str, list[PoolRecord]] = defaultdict(list)
-        for record in records:
-            by_stratum[record.stratum].append(record)
-        by_id, record_id = attrgetter("record_id", "source", "line"), attrgetter("record_id")
-        for members in by_stratum.values():
-            # The order is by (record_id, source, line); with distinct ids, the id alone gives it.
-            members.sort(key=record_id)
-            if len(set(map(record_id, members))) != len(members):
-                members.sort(key=by_id)
-        weights = {s: taxonomy.weight(taxonomy.resolve(m[0].task)) for s, m in by_stratum.items()}
+        by_stratum = _members_by_stratum(index, usable)
+        weights = {s: taxonomy.weight(taxonomy.resolve(groups[index.group[m[0]]].task)) for s, m in by_stratum.items()}
         available = {s: len(m) for s, m in by_stratum.items()}
-        if len(records) < options.size:
-            message = f"the pool has {len(records)} usable samples, fewer than --size {options.size}"
+        if len(usable) < options.size:
+            message = f"the pool has {len(usable)} usable samples, fewer than --size {options.size}"
             if options.strict:
                 raise InputError(message, hint="add samples, lower --size, or drop --strict to use them all")
             notes.append(message + "; all are used")
         counts = allocate(available, weights, options.size, floor=options.min_per_stratum)
-        selected = [
-            record
+        chosen = [
+            n
             for stratum in sorted(counts)
-            for record in choose(by_stratum[stratum], counts[stratum], seed=options.seed, stratum=stratum)
+            for n in choose(by_stratum[stratum], counts[stratum], seed=options.seed, stratum=stratum)
         ]
+        del by_stratum
+        selected = index.materialize(chosen)
+        tokens: dict[int, int] = {}
+        if token_counts is not None:
+            positions = np.searchsorted(usable, np.asarray(chosen, dtype=np.int64))
+            tokens = {id(r): int(token_counts[p]) for r, p in zip(selected, positions.tolist(), strict=True)}
 
         row_json = _RowJson(taxonomy)
         rows = [row_json(record, tokens.get(id(record))) for record in selected]
         report = summarize(
             taxonomy=taxonomy,
             pool=pool,
-            usable=records,
+            usable=_UsableGroups(index, usable),
             selected=selected,
             tokens={r.record_id: tokens[id(r)] for r in selected} if tokens else None,
             too_long=too_long,
+            task_assignment=pool.task_assignment,
         )
         report.update(
             {
@@ -196,8 +322,13 @@ def build_calibration_set(
                 "notes": notes,
             }
         )
+        report["sources"] = source_table(pool)
+        report["skipped"]["by_kind"] = dict(
+            sorted(Counter(reason_kind(s.reason) for s in pool.skipped).items())
+        )
         hooks.phase("writing")
         with atomic_output_dir(output, force=options.force) as staging:
+            rows = _carry_embedded(rows, selected, store, staging, Path(output).absolute() / MEDIA_DIR)
             samples_path = staging / SAMPLES_FILE
             with open(samples_path, "w", encoding="utf-8") as handle:
                 for row in rows:
@@ -207,7 +338,78 @@ def build_calibration_set(
                 json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8"
             )
             write_report_markdown(report, staging / "report.md")
+            _append_markdown(report, staging / "report.md")
     return CalibrationSetResult(output=output, report=report, notes=notes)
+
+
+def _dry_run(pool: PoolReadResult, error: InputError | None) -> CalibrationSetResult:
+    """What a dry run reports: the sources, the skipped records by reason, the notes."""
+    report = {
+        "sources": source_table(pool),
+        "pool_records": len(pool.records),
+        "duplicates_dropped": pool.duplicates,
+        "skipped": {
+            "count": len(pool.skipped),
+            "by_kind": dict(sorted(Counter(reason_kind(s.reason) for s in pool.skipped).items())),
+            "records": [{"source": s.source, "line": s.line, "reason": s.reason} for s in pool.skipped[:100]],
+        },
+        "task_assignment": pool.task_assignment,
+        "notes": list(pool.notes),
+    }
+    return CalibrationSetResult(output=None, report=report, notes=list(pool.notes), error=error)
+
+
+def _carry_embedded(
+    rows: list[str], selected: list[PoolRecord], store: MediaStore, staging: Path, final: Path
+) -> list[str]:
+    """Move the embedded media the selected samples use into the set's media/ folder and point
+    their rows at the final place."""
+    prefix = str(store.folder) + os.sep
+    used = {p for record in selected for p in record.media if p.startswith(prefix)}
+    if not used:
+        return rows
+    (staging / MEDIA_DIR).mkdir()
+    for path in sorted(used):
+        shutil.copy2(path, staging / MEDIA_DIR / os.path.basename(path))
+    old, new = _json_str(prefix)[1:-1], _json_str(str(final) + os.sep)[1:-1]
+    return [row.replace(old, new) if old in row else row for row in rows]
+
+
+def _append_markdown(report: dict, path: Path) -> None:
+    """The sources and the skipped records by reason, after the report's tables."""
+    lines = [
+        "## Sources",
+        "",
+        "| source | format | records | skipped | tasks by origin | modalities |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in report["sources"]:
+        cells = [
+            row["name"],
+            row["format"],
+            str(row["records"]),
+            ", ".join(f"{k}: {v}" for k, v in row["skipped"].items()) or "0",
+            ", ".join(f"{k}: {v}" for k, v in row["task_origins"].items()),
+            ", ".join(f"{k}: {v}" for k, v in row["modalities"].items()),
+        ]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    lines.append("")
+    skipped = report["skipped"]
+    if skipped["count"]:
+        lines += ["## Skipped records", ""]
+        for kind, count in skipped["by_kind"].items():
+            lines.append(f"- {kind}: {count}")
+        lines += ["", "| record | reason |", "|---|---|"]
+        lines += [
+            f"| {r['source']}:{r['line']} | {r['reason'].replace('|', '/')} |" for r in skipped["records"]
+        ]
+        if skipped["count"] > len(skipped["records"]):
+            lines.append(
+                f"| ... | {skipped['count'] - len(skipped['records'])} more (report.json lists 100) |"
+            )
+        lines.append("")
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write("\n".join(lines))
 
 
 _dumps = functools.partial(json.dumps, ensure_ascii=False, sort_keys=True)
@@ -235,7 +437,13 @@ class _RowJson:
                 ', "tier": ' + _dumps(task.tier) + ', "tokens": ',
                 ', "weight": ' + _dumps(self.taxonomy.weight(task)) + "}",
             )
-        audios, images, task_json, videos = record.frame[3:]
+        parts_json = record.json
+        audios, images, task_json, videos = (
+            parts_json.audios,
+            parts_json.images,
+            parts_json.task,
+            parts_json.videos,
+        )
         return (
             '{"audios": ' + audios + parts[0] + _json_str(record.record_id) + ', "images": ' + images
             + ', "messages": ' + record.text_key + parts[1] + _json_str(f"{record.source}:{record.line}")

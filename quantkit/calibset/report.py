@@ -62,7 +62,10 @@ def summarize(
     selected: list[PoolRecord],
     tokens: dict[str, int] | None,
     too_long: list[PoolRecord],
+    task_assignment: dict | None = None,
 ) -> dict:
+    """The report's figures. ``task_assignment`` is ``TaskAssigner.summary()`` (how each record
+    got its task), kept as ``report["task_assignment"]`` and rendered in report.md."""
     # One pass over the records: everything below is counted by (task, modality, bucket).
     pool_keys, selected_keys = Counter(map(_KEY, usable)), Counter(map(_KEY, selected))
     strata = {key: _stratum_name(key) for key in pool_keys.keys() | selected_keys.keys()}
@@ -115,6 +118,7 @@ def summarize(
         },
         "duplicates_dropped": pool.duplicates,
         "modality_not_listed_for_task": dict(sorted(pool.modality_mismatches.items())),
+        "task_assignment": task_assignment,
     }
 
 
@@ -124,6 +128,61 @@ def _table(title: str, rows: list[dict], columns: list[str]) -> list[str]:
         cells = [f"{row[c] * 100:.1f}%" if c == "share" else str(row[c]) for c in columns]
         lines.append("| " + " | ".join(cells) + " |")
     return [*lines, ""]
+
+
+def _quoted(text: str) -> str:
+    """``text`` as inline Markdown code (placeholders such as <image> stay visible)."""
+    return "`" + text.replace("`", "'") + "`"
+
+
+def _task_assignment(summary: dict | None) -> list[str]:
+    """The "How tasks were assigned" section: per task, counts by origin; per mapping and per rule,
+    its count; per rule that took records, two of their prompts."""
+    if not summary:
+        return []
+    lines = [
+        "## How tasks were assigned",
+        "",
+        f"Precedence: {summary['precedence']}. Counts are of the {summary['records']} records as read, "
+        "before duplicates and invalid records were dropped.",
+        "",
+        "| task | field | mapping | rule | default | total |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in summary["tasks"].items():
+        cells = [row[key] for key in ("field", "mapping", "rule", "default", "total")]
+        lines.append(f"| {name} | " + " | ".join(map(str, cells)) + " |")
+    lines.append("")
+    if summary["mappings"]:
+        lines += ["Mappings (`--task SOURCE=TASK`, the first that matches wins):", ""]
+        lines += [
+            f"- {_quoted(m['source'] + '=' + m['task'])}: {m['count']} record(s)" for m in summary["mappings"]
+        ]
+        lines.append("")
+    default = summary.get("default_task")
+    if default:
+        lines += [f"`--default-task {default['task']}`: {default['count']} record(s)", ""]
+    used = [rule for rule in summary["rules"] if rule["count"]]
+    if used:
+        lines += ["Rules of the taxonomy that took records (tried in file order, the first match wins):", ""]
+        for rule in used:
+            what = ": " + rule["description"].replace("<", "&lt;") if rule["description"] else ""
+            lines.append(f"- **{rule['rule']}** -> {rule['task']}, {rule['count']} record(s){what}")
+            lines += [f"  - {_quoted(example)}" for example in rule["examples"]]
+        lines.append("")
+    unused = [rule["rule"] for rule in summary["rules"] if not rule["count"]]
+    if unused:
+        lines += [f"Rules that matched no record: {', '.join(unused)}", ""]
+    unassigned = summary["unassigned"]
+    if unassigned["count"]:
+        lines += [f"Records without a task: {unassigned['count']}", ""]
+        lines += [
+            f"- {row['dataset'] + ' (' + row['source'] + ')' if row['dataset'] else row['source']}: "
+            f"{row['count']}, e.g. {_quoted(row['example'])}"
+            for row in unassigned["by_source"]
+        ]
+        lines.append("")
+    return lines
 
 
 def write_report_markdown(report: dict, path: Path) -> None:
@@ -141,6 +200,7 @@ def write_report_markdown(report: dict, path: Path) -> None:
         "",
     ]
     lines += _table("By task", report["tasks"], ["name", "tier", "weight", "pool", "selected", "share"])
+    lines += _task_assignment(report.get("task_assignment"))
     lines += _table("By tier", report["tiers"], ["name", "pool", "selected", "share"])
     lines += _table("By modality", report["modalities"], ["name", "pool", "selected", "share"])
     lines += _table("By size bucket", report["buckets"], ["name", "pool", "selected", "share"])

@@ -43,6 +43,11 @@ def image_rule_of(processor) -> ImageRule | None:
     )
 
 
+# No tokenizer quantkit serves averages more characters than this per token over a long text, so a
+# prefix this many times the token limit long tells whether a text is over the limit.
+CHARS_PER_TOKEN_BOUND = 32
+
+
 @dataclass
 class TokenCounter:
     processor: object
@@ -53,11 +58,18 @@ class TokenCounter:
         self.videos = getattr(self.processor, "video_processor", None)
         self.audio = getattr(self.processor, "feature_extractor", None)
 
-    def __call__(self, payload: dict) -> int:
+    def __call__(self, payload: dict, limit: int | None = None) -> int:
+        """The sample's sequence length. With ``limit``, a text far longer than ``limit`` tokens
+        is tokenised only up to CHARS_PER_TOKEN_BOUND x limit characters: if that prefix already
+        holds more than ``limit`` tokens, its count (a lower bound, over the limit) is returned."""
         from quantkit.models.inputs import chat_messages
 
         owner = self.processor if hasattr(self.processor, "apply_chat_template") else self.tokenizer
         text = owner.apply_chat_template(chat_messages(payload["messages"]), tokenize=False)
+        if limit is not None and len(text) > CHARS_PER_TOKEN_BOUND * limit:
+            head = len(self.tokenizer(text[: CHARS_PER_TOKEN_BOUND * limit], add_special_tokens=False)["input_ids"])
+            if head > limit:
+                return head
         count = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         for path in payload["images"]:
             count += self._image(Path(path)) - 1  # the placeholder token is replaced

@@ -9,19 +9,24 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from quantkit.cli._common import Force, OutputDir, Seed, console, err_console
+from quantkit.cli._common import Force, Seed, console, err_console
+from quantkit.errors import InputError
 
 
 def calibrate(
     pools: Annotated[
         list[Path],
         typer.Argument(
-            help="Pool JSONL file(s) in the ms-swift / LLaMA-Factory format (see calibration/POOL_FORMAT.md), "
-            "or a `datasets` folder / Parquet file with the same fields.",
+            help="Your training data as it is (calibration/POOL_FORMAT.md): JSONL or JSON files in the "
+            "ms-swift / LLaMA-Factory / ShareGPT / alpaca / OpenAI formats, a LLaMA-Factory data folder "
+            "(with dataset_info.json), Parquet, a save_to_disk folder or a Hub-layout folder.",
             show_default=False,
         ),
     ],
-    output: OutputDir,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Folder to write (atomically); not needed with --dry-run."),
+    ] = None,
     size: Annotated[int, typer.Option(help="Samples in the set.")] = 5000,
     taxonomy: Annotated[
         Path | None, typer.Option(help="Task taxonomy YAML (default: calibration/taxonomy.yaml).")
@@ -51,6 +56,49 @@ def calibrate(
         bool, typer.Option("--strict", help="Fail when the pool has fewer usable samples than --size.")
     ] = False,
     force: Force = False,
+    dataset: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--dataset",
+            help="LLaMA-Factory dataset names (comma-separated or repeated), as its `dataset:` option "
+            "takes them; default: every entry of dataset_info.json whose file exists.",
+        ),
+    ] = None,
+    split: Annotated[
+        str | None, typer.Option(help="Split of a DatasetDict or Hub-layout folder (default: train).")
+    ] = None,
+    media_root: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--media-root",
+            help="Folder media may lie in besides the pool's own (repeatable); absolute media paths must "
+            "lie inside one, symlinks included.",
+        ),
+    ] = None,
+    task: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--task",
+            help="SOURCE=TASK (repeatable): the task of the records of a pool file, a glob or a "
+            "LLaMA-Factory dataset name that carry no task field.",
+        ),
+    ] = None,
+    default_task: Annotated[
+        str | None, typer.Option(help="Task of the records nothing else assigns one to.")
+    ] = None,
+    verify_media: Annotated[
+        str,
+        typer.Option(
+            help="Media kinds checked to decode to their end (image, video, audio, comma-separated; "
+            "all; none), so a cut file fails here and not in quantize.",
+        ),
+    ] = "image,audio",
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run", help="Read and validate everything, print the per-source table, write nothing."
+        ),
+    ] = False,
 ) -> None:
     """Build a calibration set stratified by task sensitivity, modality combination and size bucket.
 
@@ -59,9 +107,10 @@ def calibrate(
     ones. The folder holds samples.jsonl (read it with quantkit.calibset.load_calibration_set),
     report.json and report.md.
 
-    Example:
+    Examples:
 
         quantkit calibrate pool/train.jsonl --output calib --model models/omni
+        quantkit calibrate data/ --dataset mllm_demo,alpaca_en_demo --task alpaca_en_demo=chat --output calib
     """
     from quantkit.calibset import CalibrateOptions, build_calibration_set
 
@@ -77,6 +126,13 @@ def calibrate(
         allow_missing_tasks=allow_missing_tasks,
         strict=strict,
         force=force,
+        media_roots=tuple(media_root or ()),
+        datasets=tuple(n.strip() for names in dataset or () for n in names.split(",") if n.strip()),
+        split=split,
+        verify_media=_media_kinds(verify_media),
+        task_mappings=tuple(task or ()),
+        default_task=default_task,
+        dry_run=dry_run,
     )
     total = sum(p.stat().st_size for p in pools if p.is_file())
     with Progress(
@@ -95,10 +151,57 @@ def calibrate(
             on_bytes=lambda n: progress.advance(bar, n),
             on_phase=lambda text: progress.update(bar, description=text),
         )
+    if dry_run:
+        print_sources(result.report)
+        for note in result.notes:
+            err_console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
+        if result.error is not None:
+            raise result.error
+        console.print(f"dry run: {result.report['pool_records']} usable records; nothing written")
+        return
     print_report(result.report)
     for note in result.notes:
-        err_console.print(f"[yellow]note:[/] {note}")
+        err_console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
     console.print(f"wrote {result.report['size']} samples to {result.output}")
+
+
+def _media_kinds(text: str) -> tuple[str, ...]:
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    if words == ["all"]:
+        return ("image", "video", "audio")
+    if words in (["none"], []):
+        return ()
+    bad = [w for w in words if w not in ("image", "video", "audio")]
+    if bad:
+        raise InputError(
+            f"--verify-media: unknown media kind {bad[0]!r}", hint="use image, video, audio, all or none"
+        )
+    return tuple(words)
+
+
+def _cells(counts: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items()) or "-"
+
+
+def print_sources(report: dict) -> None:
+    """The per-source table of a dry run (and the skipped records by reason)."""
+    table = Table(title="Sources")
+    table.add_column("source", no_wrap=True)
+    for name in ("format", "records", "skipped", "tasks by origin", "modalities"):
+        table.add_column(name, overflow="fold")
+    for row in report["sources"]:
+        table.add_row(
+            row["name"], row["format"], str(row["records"]), _cells(row["skipped"]),
+            _cells(row["task_origins"]), _cells(row["modalities"]),
+        )  # fmt: skip
+    console.print(table)
+    skipped = report["skipped"]
+    if skipped["count"]:
+        console.print(f"Skipped records ({skipped['count']}), by reason: {_cells(skipped['by_kind'])}")
+        for item in skipped["records"]:  # one a line, whole, so a path can be copied
+            console.print(f"  {item['source']}:{item['line']}: {item['reason']}", soft_wrap=True, markup=False)
+        if skipped["count"] > len(skipped["records"]):
+            console.print(f"  ... and {skipped['count'] - len(skipped['records'])} more")
 
 
 def print_report(report: dict) -> None:

@@ -1,5 +1,25 @@
-"""Stage 1: read and validate a pool of training-format samples."""
+"""Stage 1: read and validate a pool of training-format samples (quantkit.pool.read), each source
+format mapped onto one record (quantkit.pool.formats, quantkit.pool.record)."""
 
-from quantkit.pool.reader import PoolReadResult, PoolRecord, SkippedRecord, image_tokens, read_pool
+from quantkit.pool.read import gc_paused, read_pool
+from quantkit.pool.record import (
+    PoolReadResult,
+    PoolRecord,
+    RecordJson,
+    SkippedRecord,
+    SourceStats,
+    stratum_name,
+)
+from quantkit.pool.sizes import image_tokens
 
-__all__ = ["PoolReadResult", "PoolRecord", "SkippedRecord", "image_tokens", "read_pool"]
+__all__ = [
+    "PoolReadResult",
+    "PoolRecord",
+    "RecordJson",
+    "SkippedRecord",
+    "SourceStats",
+    "gc_paused",
+    "image_tokens",
+    "read_pool",
+    "stratum_name",
+]

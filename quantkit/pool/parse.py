@@ -1,0 +1,532 @@
+"""Validate the records of one source and turn each into a :class:`PoolRecord`.
+
+``RecordParser.parse(record, line)`` checks exactly what the pool format's rules say, in their
+order (text, task, media lists and paths, placeholder counts, media headers). Records already in
+the internal shape (``messages`` of role / content strings and media lists) take a fast path that
+shares the work records repeat; every other format goes through :func:`normalize` first. The JSON
+a record stores is what ``json.dumps(..., sort_keys=True, ensure_ascii=False)`` writes,
+assembled from cached pieces.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from quantkit.chat import PLACEHOLDER, ROLE_ALIASES
+from quantkit.media import (
+    VERIFIERS,
+    AudioInfo,
+    ImageInfo,
+    MediaError,
+    MediaRoots,
+    MediaStore,
+    VideoInfo,
+    check_extension,
+    decode_data_uri,
+    probe_audio,
+    probe_image,
+    probe_video,
+)
+from quantkit.pool.formats import MISSING_TEXT, FormatSpec, normalize
+from quantkit.pool.index import Group
+from quantkit.pool.record import (
+    PoolReadResult,
+    PoolRecord,
+    RecordError,
+    RecordJson,
+    SourceStats,
+    json_str,
+    stratum_name,
+)
+from quantkit.pool.sizes import bucket_label, image_tokens, modality_name
+from quantkit.taxonomy import Buckets, ImageRule, Taxonomy, task_lookup
+
+MEDIA_FIELDS = {"image": "images", "video": "videos", "audio": "audios"}
+
+_dumps = functools.partial(json.dumps, ensure_ascii=False)
+_ROLE_JSON = {alias: json_str(role) for alias, role in ROLE_ALIASES.items()}
+_ROLE_TAIL = {alias: ', "role": ' + role + "}" for alias, role in _ROLE_JSON.items()}  # a turn's JSON end
+_PROMPT_ROLES = {alias for alias, role in ROLE_ALIASES.items() if role in ("system", "user")}
+_ANSWER_ROLES = {alias for alias, role in ROLE_ALIASES.items() if role == "assistant"}
+if PLACEHOLDER.pattern != "<(image|video|audio)>":  # _messages_json counts these literals
+    raise RuntimeError(f"quantkit.chat.PLACEHOLDER changed ({PLACEHOLDER.pattern}): update _messages_json")
+
+
+class MediaProbe:
+    """Probe each media file once (and, for the kinds in ``verify``, check it decodes to its end);
+    remember failures too so a bad file is reported consistently."""
+
+    def __init__(self, verify: frozenset[str] = frozenset()) -> None:
+        self.verify = verify
+        self._cache: dict[str, ImageInfo | VideoInfo | AudioInfo | MediaError] = {}
+
+    def __call__(self, kind: str, path: Path) -> ImageInfo | VideoInfo | AudioInfo:
+        key = f"{kind}:{path}"
+        if key not in self._cache:
+            try:
+                check_extension(path, kind)
+                probe = {"image": probe_image, "video": probe_video, "audio": probe_audio}[kind]
+                info = probe(path)
+                if kind in self.verify:
+                    VERIFIERS[kind](path)
+                self._cache[key] = info
+            except MediaError as err:
+                self._cache[key] = err
+        result = self._cache[key]
+        if isinstance(result, MediaError):
+            raise RecordError(f"{path.name}: {result}")
+        return result
+
+
+def _turn_json(turn: object, i: int, role_key: str, text_key: str) -> tuple[str, str]:
+    """One turn checked in the order of the format's rules: (its JSON, its text)."""
+    if not isinstance(turn, dict) or role_key not in turn or text_key not in turn:
+        raise RecordError(f"turn {i} must be an object with '{role_key}' and '{text_key}'")
+    role, text = turn[role_key], turn[text_key]
+    if not isinstance(role, str) or role not in ROLE_ALIASES:  # a list or object is not a role either
+        raise RecordError(f"turn {i} has unknown role {role!r}; use system, user, assistant or tool")
+    if not isinstance(text, str):
+        raise RecordError(f"turn {i} content must be a string with <image>/<video>/<audio> placeholders")
+    return '{"content": ' + json_str(text) + ', "role": ' + _ROLE_JSON[role] + "}", text
+
+
+def messages_json(messages: list) -> tuple[str, tuple[int, int, int]]:
+    """Normalised turns (role / content strings) as JSON (``[{"content": ..., "role": ...}, ...]``,
+    what ``json.dumps(turns, sort_keys=True, ensure_ascii=False)`` gives) and the placeholder
+    counts (image, video, audio)."""
+    parts = []
+    images = videos = audios = 0
+    for i, turn in enumerate(messages):
+        part, text = _turn_json(turn, i, "role", "content")
+        images += text.count("<image>")
+        videos += text.count("<video>")
+        audios += text.count("<audio>")
+        parts.append(part)
+    return "[" + ", ".join(parts) + "]", (images, videos, audios)
+
+
+def _texts(turns: list, role_key: str, text_key: str) -> tuple[str, str]:
+    """(system + user text, assistant text) of the turns, each joined with newlines."""
+    prompt = "\n".join(t[text_key] for t in turns if t[role_key] in _PROMPT_ROLES)
+    answer = "\n".join(t[text_key] for t in turns if t[role_key] in _ANSWER_ROLES)
+    return prompt, answer
+
+
+def suggest_task(name: str, taxonomy: Taxonomy) -> str:
+    known = [n for task in taxonomy.tasks for n in (task.name, *task.aliases)]
+    close = difflib.get_close_matches(name, known, n=1)
+    return (
+        f"did you mean {close[0]!r}?"
+        if close
+        else f"known tasks: {', '.join(t.name for t in taxonomy.tasks)}"
+    )
+
+
+class _Media:
+    """One combination of media lists (images, videos, audios) as records spell it, resolved.
+
+    Records of a big pool reuse a few thousand media files: paths are resolved and checked once
+    per spelling, probes and the derived fields (modality, bucket, JSON pieces) once per
+    combination."""
+
+    __slots__ = ("paths", "counts", "derived")
+
+    def __init__(self, paths: tuple[list[Path], list[Path], list[Path]]) -> None:
+        self.paths = paths
+        self.counts = tuple(len(p) for p in paths)
+        self.derived: _Derived | None = None
+
+
+@dataclass(slots=True)
+class _Derived:
+    media: tuple[str, ...]
+    modality: str
+    bucket: str
+    image_tokens: int
+    video_seconds: float
+    audio_seconds: float
+    audios_json: str  # absolute paths
+    images_json: str
+    videos_json: str
+    relative_json: tuple[str, str, str]  # images, videos, audios: for the derived id
+    kinds: frozenset[str]  # the media kinds present
+    # task -> (RecordJson, stratum, whether the task lists the modality, the canonical JSON before
+    # and after the messages for a derived id)
+    tails: dict[str, tuple[RecordJson, str, bool, str, str, int]] = field(default_factory=dict)
+
+
+@dataclass
+class ParseContext:
+    """What the records of one source share: where media may come from, the taxonomy and rules,
+    the task assigner, and where the results go."""
+
+    roots: MediaRoots
+    store: MediaStore | None
+    source: str  # the file, resolved: PoolRecord.source
+    named: str  # as the user named it: TaskEvidence.source
+    dataset: str | None
+    spec: FormatSpec | None
+    taxonomy: Taxonomy
+    buckets: Buckets
+    image_rule: ImageRule
+    task_field: str
+    probe: MediaProbe
+    result: PoolReadResult
+    stats: SourceStats
+    assigner: object | None = None  # quantkit.taskassign.TaskAssigner
+    source_index: int = 0  # in result.index.sources
+    emit: list | None = None  # materialize: the full PoolRecords go here, nothing is counted
+
+
+class RecordParser:
+    """Validates the records of one source (``parse``), appending each valid one to the result."""
+
+    def __init__(self, context: ParseContext) -> None:
+        self.c = context
+        self.tasks = task_lookup(context.taxonomy)
+        self.combos: dict[tuple, _Media] = {}
+        self.paths: dict[str, Path | str] = {}  # as written -> absolute path, or an error word
+        self.parse = self._make_parse()
+
+    # -- media paths -----------------------------------------------------------------------
+
+    def _embedded(self, kind: str, data: bytes, *, name: str | None = None, mime: str | None = None) -> Path:
+        if self.c.store is None:
+            raise RecordError(f"embedded {kind} bytes need a media store (calibrate provides one)")
+        return self.c.store.put(data, kind, name_hint=name, mime=mime)
+
+    def _path(self, kind: str, item: object) -> Path:
+        if isinstance(item, dict):  # a datasets Image / Audio feature left undecoded: {bytes, path}
+            data, name = item.get("bytes"), item.get("path")
+            if data:
+                return self._embedded(kind, bytes(data), name=name if isinstance(name, str) else None)
+            if not isinstance(name, str) or not name:
+                raise RecordError(f"an embedded {kind} has neither bytes nor a path")
+            item = name
+        elif isinstance(item, bytes | bytearray):
+            return self._embedded(kind, bytes(item))
+        if not isinstance(item, str) or not item:
+            raise RecordError(f"'{MEDIA_FIELDS[kind]}' must be a list of file paths")
+        if item.startswith("data:"):
+            try:
+                data, mime = decode_data_uri(item)
+            except MediaError as err:
+                raise RecordError(f"{kind}: {err}") from None
+            return self._embedded(kind, data, mime=mime)
+        full = self.paths.get(item)
+        if full is None:
+            full = self.paths[item] = self.c.roots.resolve(item)
+        if isinstance(full, str):
+            where = self.c.roots.describe()
+            if full == "escapes":
+                raise RecordError(f"path {item!r} escapes {where}; name its folder with --media-root DIR")
+            if full == "link-escapes":
+                raise RecordError(
+                    f"{item!r} is a symbolic link to {os.path.realpath(item if os.path.isabs(item) else self.c.roots.base / item)}, "
+                    f"outside {where}; name the folder it points into with --media-root DIR"
+                )
+            if full == "remote":
+                raise RecordError(
+                    f"{kind} {item!r} is a URL: quantkit works offline and downloads nothing; download the "
+                    "files, point the records at the local copies and name their folder with --media-root DIR"
+                )
+            if len(self.c.roots.roots) > 1:
+                raise RecordError(f"{kind} file not found: {item} (looked in {where})")
+            raise RecordError(f"{kind} file not found: {item}")
+        return full
+
+    def _media_lists(self, get: Callable[[str], object]) -> _Media:
+        """The record's media lists, validated and resolved, remembered by the lists' content
+        (when it is plain paths)."""
+        resolved = []
+        cacheable = True
+        for kind, name in MEDIA_FIELDS.items():
+            value = get(name) or []
+            if isinstance(value, str | dict | bytes):
+                value = [value]
+            if not isinstance(value, list | tuple):
+                raise RecordError(f"'{name}' must be a list of file paths")
+            cacheable = cacheable and all(isinstance(v, str) and not v.startswith("data:") for v in value)
+            resolved.append((tuple(value) if cacheable else None, [self._path(kind, item) for item in value]))
+        combo = _Media((resolved[0][1], resolved[1][1], resolved[2][1]))
+        if cacheable:
+            self.combos[(resolved[0][0], resolved[1][0], resolved[2][0])] = combo
+        return combo
+
+    def _relative(self, path: Path) -> str:
+        store = self.c.store
+        if store is not None and path.parent == store.folder:
+            return path.name  # content-addressed: the same bytes, the same name
+        return self.c.roots.relative(path)
+
+    def _derive(self, combo: _Media) -> _Derived:
+        """Probe the combination's media (first failure raises) and derive what records store."""
+        images, videos, audios = combo.paths
+        probe, rule, buckets = self.c.probe, self.c.image_rule, self.c.buckets
+        image_infos = [probe("image", path) for path in images]
+        video_infos = [probe("video", path) for path in videos]
+        audio_infos = [probe("audio", path) for path in audios]
+        tokens = sum(image_tokens(i.width, i.height, rule) for i in image_infos)
+        video_s = sum(v.duration_s for v in video_infos)
+        audio_s = sum(a.duration_s for a in audio_infos)
+        has_sound = bool(video_infos) and all(v.has_audio for v in video_infos)
+        modality = modality_name(len(images), len(videos), len(audios), has_sound)
+        if videos:
+            bucket = bucket_label("video", video_s, buckets.video_seconds)
+        elif images:
+            bucket = bucket_label("image", tokens, buckets.image_tokens)
+        elif audios:
+            bucket = bucket_label("audio", audio_s, buckets.audio_seconds)
+        else:
+            bucket = "text"
+        absolute = [[str(p) for p in paths] for paths in combo.paths]
+        relative = tuple(_dumps([self._relative(p) for p in paths]) for paths in combo.paths)
+        derived = _Derived(
+            media=tuple(p for paths in absolute for p in paths),
+            modality=modality,
+            bucket=bucket,
+            image_tokens=tokens,
+            video_seconds=round(video_s, 3),
+            audio_seconds=round(audio_s, 3),
+            audios_json=_dumps(absolute[2]),
+            images_json=_dumps(absolute[0]),
+            videos_json=_dumps(absolute[1]),
+            relative_json=relative,
+            kinds=frozenset(k for k, paths in zip(MEDIA_FIELDS, combo.paths, strict=True) if paths),
+        )
+        combo.derived = derived
+        return derived
+
+    @staticmethod
+    def _count_error(counts: tuple[int, int, int], combo: _Media) -> RecordError:
+        kind, count, paths = next(
+            (k, c, p) for k, c, p in zip(MEDIA_FIELDS, counts, combo.paths, strict=True) if c != len(p)
+        )
+        return RecordError(
+            f"{count} <{kind}> placeholder(s) in the messages but {len(paths)} path(s) in '{MEDIA_FIELDS[kind]}'"
+        )
+
+    def _task_of_field(self, record: dict) -> object:
+        """The record's task from its own field, checked (no assigner): the TaskSpec."""
+        task_field = self.c.task_field
+        task_name = record.get(task_field)
+        if not isinstance(task_name, str) or not task_name:
+            raise RecordError(f"missing field '{task_field}' (the task name)")
+        task = self.tasks.get(task_name)
+        if task is None:
+            raise RecordError(f"unknown task {task_name!r}; {suggest_task(task_name, self.c.taxonomy)}")
+        return task
+
+    # -- a record (the hot loop: locals, no attribute lookups) -----------------------------
+
+    def _make_parse(self) -> Callable[[object, int], None]:
+        c = self.c
+        tasks, combos, task_field, source, taxonomy = (
+            self.tasks,
+            self.combos,
+            c.task_field,
+            c.source,
+            c.taxonomy,
+        )
+        media_lists, derive, count_error = self._media_lists, self._derive, self._count_error
+        task_json = {task.name: json_str(task.name) for task in taxonomy.tasks}
+        json_of, sha256, new_record = json_str, hashlib.sha256, PoolRecord
+        mismatches, emit, index, source_index = c.result.modality_mismatches, c.emit, c.result.index, c.source_index
+        groups = index.groups
+        add_group, add_line, add_locator = index.group.append, index.line.append, index.locator.append
+        add_id_hash, add_id, add_id_end, ids = index.id_hash.append, index.ids.extend, index.id_end.append, index.ids
+        add_digest, blake2b = index.digest.extend, hashlib.blake2b
+        modalities = c.stats.modalities
+        spec = c.spec
+        fast_keys = frozenset({"id", task_field, "messages", "conversations", "images", "videos", "audios"})
+        role_tail = _ROLE_TAIL
+        assigner = c.assigner
+        if assigner is not None:
+            from quantkit.taskassign import TaskEvidence, UnknownTaskError
+
+            assign, named, dataset = assigner.assign, c.named, c.dataset
+            field_evidence: dict[tuple[str, frozenset[str]], TaskEvidence] = {}
+
+        def parse(record: object, line: int, locator: int) -> None:
+            if record.__class__ is not dict and not isinstance(record, dict):
+                raise RecordError("a record must be a JSON object")
+            get = record.get
+            messages_json = None
+            # The internal shape, fast: messages of role / content strings (or ShareGPT from /
+            # value), no other fields to map. Anything unusual goes through normalize().
+            if spec is None and record.keys() <= fast_keys:
+                raw = get("messages")
+                if raw.__class__ is list and raw:
+                    role_key, text_key = "role", "content"
+                elif raw is None and "messages" not in record:
+                    raw = get("conversations")
+                    role_key, text_key = "from", "value"
+                else:
+                    raw = None
+                if raw.__class__ is list and raw:
+                    parts = []
+                    images = videos = audios = 0
+                    try:
+                        for turn in raw:
+                            tail = role_tail[turn[role_key]]
+                            text = turn[text_key]
+                            if text.__class__ is not str:
+                                raise TypeError
+                            # Placeholders never overlap: counting each literal equals PLACEHOLDER's matches.
+                            if "<" in text:
+                                if "<img>" in text:  # Qwen-VL's inline image paths: normalize() maps them
+                                    raise TypeError
+                                images += text.count("<image>")
+                                videos += text.count("<video>")
+                                audios += text.count("<audio>")
+                            parts.append(f'{{"content": {json_of(text)}{tail}')
+                        messages_json = f"[{', '.join(parts)}]"
+                        counts = (images, videos, audios)
+                    except (KeyError, TypeError):
+                        pass
+            if messages_json is None:
+                mapped = normalize(record, spec)
+                messages_json, counts = _checked_messages(mapped["messages"])
+                raw, role_key, text_key, get_media = mapped["messages"], "role", "content", mapped.get
+            else:
+                get_media = get
+
+            if assigner is None:  # the task from the record's field, checked before the media
+                task_name = get(task_field)
+                task = tasks.get(task_name) if task_name.__class__ is str and task_name else None
+                if task is None:
+                    task = self._task_of_field(record)
+
+            # Media lists: by their content from the cache; anything unusual takes the checked path.
+            try:
+                images, videos, audios = get_media("images"), get_media("videos"), get_media("audios")
+                if images.__class__ is list and videos.__class__ is list and audios.__class__ is list:
+                    key = (tuple(images), tuple(videos), tuple(audios))
+                else:
+                    key = (_media_key(images), _media_key(videos), _media_key(audios))
+                combo = combos.get(key)
+            except TypeError:  # an unhashable item: the checked path says what is wrong
+                combo = None
+            if combo is None:
+                combo = media_lists(get_media)
+            if counts != combo.counts:
+                if get_media is get and 0 in counts:  # missing placeholders: normalize() adds them
+                    mapped = normalize(record, spec)
+                    messages_json, counts = _checked_messages(mapped["messages"])
+                    raw, role_key, text_key = mapped["messages"], "role", "content"
+                if counts != combo.counts:
+                    raise count_error(counts, combo)
+            derived = combo.derived or derive(combo)
+
+            if assigner is not None:
+                task_name = get(task_field)
+                if task_name.__class__ is not str or not task_name:
+                    task_name = None if task_name in (None, "") else str(task_name)
+                if task_name is not None and task_name in tasks:
+                    # The field decides: no texts needed, and one evidence per (field, media kinds).
+                    evidence = field_evidence.get((task_name, derived.kinds))
+                    if evidence is None:
+                        evidence = field_evidence[task_name, derived.kinds] = TaskEvidence(
+                            named, dataset, task_name, "", "", derived.kinds
+                        )
+                else:
+                    prompt, answer = _texts(raw, role_key, text_key)
+                    evidence = TaskEvidence(named, dataset, task_name, prompt, answer, derived.kinds)
+                try:
+                    assignment = assign(evidence)
+                except UnknownTaskError as err:
+                    raise RecordError(str(err)) from None
+                if assignment.task is None:  # (the others' origins and modalities: read.py, per source)
+                    if emit is None:
+                        modalities[derived.modality] += 1
+                    return  # counted by the assigner; calibrate lists them once the pool is read
+                task = tasks[assignment.task]
+
+            name = task.name
+            shared = derived.tails.get(name)
+            if shared is None:  # (RecordJson, stratum, whether the task lists the modality, id JSON ends)
+                rel_images, rel_videos, rel_audios = derived.relative_json
+                shared = derived.tails[name] = (
+                    RecordJson(
+                        derived.audios_json, derived.images_json, task_json[name], derived.videos_json
+                    ),
+                    stratum_name(name, derived.modality, derived.bucket),
+                    derived.modality in task.modalities,
+                    '{"audios": ' + rel_audios + ', "images": ' + rel_images + ', "messages": ',
+                    ', "task": ' + task_json[name] + ', "videos": ' + rel_videos + "}",
+                    len(groups) if emit is None else -1,
+                )
+                if emit is None:
+                    groups.append(
+                        Group(
+                            name, derived.modality, derived.bucket, shared[1], shared[0], derived.media,
+                            derived.image_tokens, derived.video_seconds, derived.audio_seconds, source_index,
+                        )  # fmt: skip
+                    )
+            record_id = get("id")
+            if record_id.__class__ is str and record_id:
+                pass
+            elif record_id not in (None, ""):
+                record_id = str(record_id)
+            else:  # sha256 of the canonical JSON {audios, images, messages, task, videos}, relative paths
+                canonical = f"{shared[3]}{messages_json}{shared[4]}"
+                record_id = sha256(canonical.encode()).hexdigest()[:16]
+            if emit is None:  # the compact index: see quantkit.pool.index
+                # (the UTF-8 of the text, strict: a lone surrogate raises UnicodeEncodeError)
+                add_digest(blake2b(messages_json.encode(), digest_size=16).digest())
+                add_group(shared[5])
+                add_line(line)
+                add_locator(locator)
+                add_id_hash(hash(record_id) & 0xFFFFFFFF)
+                add_id(record_id.encode("utf-8", "surrogatepass"))
+                add_id_end(len(ids))
+                if not shared[2]:
+                    mismatches[f"{name}|{derived.modality}"] += 1
+                return
+            emit.append(
+                new_record(
+                    record_id,
+                    name,
+                    derived.modality,
+                    derived.bucket,
+                    source,
+                    line,
+                    shared[0],
+                    derived.media,
+                    messages_json,
+                    shared[1],
+                    derived.image_tokens,
+                    derived.video_seconds,
+                    derived.audio_seconds,
+                )
+            )
+
+        return parse
+
+
+def _checked_messages(messages: list) -> tuple[str, tuple[int, int, int]]:
+    try:
+        return messages_json(messages)
+    except UnicodeEncodeError:
+        raise RecordError("the text holds a lone surrogate (invalid UTF-16 escape)") from None
+
+
+def _media_key(value: object) -> tuple | int:
+    """A media field as the key of the resolved-lists cache: a list or a lone path as a tuple;
+    anything else is 0, which no resolved combination has (the checked path reports it)."""
+    if not value:
+        return ()
+    kind = type(value)
+    if kind is list:
+        return tuple(value)  # type: ignore[arg-type]
+    return (value,) if kind is str else 0
+
+
+__all__ = ["MISSING_TEXT", "MediaProbe", "ParseContext", "RecordParser", "messages_json", "suggest_task"]

@@ -1,0 +1,130 @@
+"""The one internal record every source format maps onto, and what reading a pool returns."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import InitVar, dataclass, field
+
+# What json.dumps(..., ensure_ascii=False) writes for a string: records' JSON (payload, id hash,
+# text key) is assembled from pieces with it, byte-identical to dumping the dicts with sort_keys.
+json_str = json.encoder.encode_basestring
+
+
+class RecordError(ValueError):
+    """A record that fails validation; the message is the reason shown to the user."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordJson:
+    """The JSON of a record's fields other than its id and messages, shared by every record of one
+    media combination and task (a big pool has a few thousand of them): the media lists (absolute
+    paths) and the task, each as ``json.dumps(..., ensure_ascii=False)`` writes it, and the
+    payload's pieces around the id and the messages, in ``sort_keys`` order."""
+
+    audios: str
+    images: str
+    task: str
+    videos: str
+
+    @property
+    def head(self) -> str:  # before the id
+        return '{"audios": ' + self.audios + ', "id": '
+
+    @property
+    def middle(self) -> str:  # between the id and the messages
+        return ', "images": ' + self.images + ', "messages": '
+
+    @property
+    def tail(self) -> str:  # after the messages
+        return ', "task": ' + self.task + ', "videos": ' + self.videos + "}"
+
+
+@dataclass(slots=True)
+class PoolRecord:
+    """One valid pool record, normalised: media paths absolute, task canonical."""
+
+    record_id: str
+    task: str
+    modality: str
+    bucket: str
+    source: str  # the pool file
+    line: int  # its line (JSONL, JSON array) or row (tables), 1-based
+    json: RecordJson  # its media and task as JSON, shared with the records of its combination
+    media: tuple[str, ...]  # absolute media paths, for the duplicate check
+    text_key: str  # the messages' normalised JSON: their text, for the duplicate check
+    stratum: str  # stratum_name(task, modality, bucket), shared by the records of a combination
+    image_tokens: int = 0
+    video_seconds: float = 0.0
+    audio_seconds: float = 0.0
+
+    @property
+    def payload(self) -> str:
+        """JSON of {id, task, messages, images, videos, audios} to write if selected: what
+        ``json.dumps(..., sort_keys=True, ensure_ascii=False)`` gives. Assembled on demand, since
+        only the selected records need it."""
+        parts = self.json
+        return parts.head + json_str(self.record_id) + parts.middle + self.text_key + parts.tail
+
+
+def stratum_name(task: str, modality: str, bucket: str) -> str:
+    """A record's stratum: task x modality x size bucket."""
+    return f"{task}|{modality}|{bucket}"
+
+
+@dataclass(frozen=True)
+class SkippedRecord:
+    source: str
+    line: int
+    reason: str
+
+
+@dataclass
+class SourceStats:
+    """What one source gave, for the --dry-run table and the report."""
+
+    name: str  # as the user named it (a dataset name through dataset_info.json)
+    format: str  # the format detected
+    records: int = 0
+    skipped: Counter = field(default_factory=Counter)  # reason (its first words) -> count
+    task_origins: Counter = field(default_factory=Counter)  # field / mapping / rule / default / none
+    modalities: Counter = field(default_factory=Counter)
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "format": self.format,
+            "records": self.records,
+            "skipped": dict(sorted(self.skipped.items())),
+            "task_origins": dict(sorted(self.task_origins.items())),
+            "modalities": dict(sorted(self.modalities.items())),
+        }
+
+
+@dataclass
+class PoolReadResult:
+    index: object = None  # quantkit.pool.index.PoolIndex: the usable records, compact
+    skipped: list[SkippedRecord] = field(default_factory=list)
+    duplicates: int = 0
+    inputs: dict[str, str] = field(default_factory=dict)  # pool file -> sha256
+    modality_mismatches: Counter = field(default_factory=Counter)  # task|modality not listed for the task
+    sources: list[SourceStats] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # e.g. dataset_info entries not read
+    id_conflicts: list[str] = field(default_factory=list)  # "id: file:line and file:line"
+    task_assignment: dict | None = None  # TaskAssigner.summary() when tasks were assigned
+    records: InitVar[list[PoolRecord] | None] = None  # a result made by hand (tests): its records
+
+    def __post_init__(self, records: list[PoolRecord] | None) -> None:
+        self._given = records
+
+
+def _records(self: PoolReadResult):
+    """The usable records as PoolRecords (a sequence read again from the sources on access)."""
+    if self._given is not None or self.index is None:
+        return list(self._given or [])
+    from quantkit.pool.index import RecordsView
+
+    return RecordsView(self.index)
+
+
+PoolReadResult.records = property(_records)  # type: ignore[assignment,method-assign]
