@@ -170,6 +170,22 @@ def test_calibrate_refuses_an_output_over_its_pool(text_pool, tmp_path):
         assert not list(folder.parent.rglob(".*.partial-*"))
 
 
+def test_calibrate_refuses_an_output_over_a_media_root(text_pool, tmp_path):
+    pool, taxonomy = text_pool
+    root = tmp_path / "shared_media"
+    (root / "images").mkdir(parents=True)
+    (root / "images" / "a.png").write_bytes(b"media the user named with --media-root")
+    before = tree_hash(root)
+    for output, says in ((root, "is the media root"), (root / "images", "sits inside the media root")):
+        result = invoke(
+            "calibrate", pool, "--media-root", root, "--output", output,
+            "--taxonomy", taxonomy, "--size", 10, "--force",
+        )  # fmt: skip
+        assert result.exit_code == 2, result.output
+        assert says in result.output, result.output
+        assert tree_hash(root) == before
+
+
 def test_quantize_refuses_an_output_over_its_model(text_model, tmp_path):
     before = tree_hash(text_model)
     link = tmp_path / "model-link"
