@@ -179,14 +179,35 @@ SOURCE_DIRS = ("quantkit", "recipes")
 SOURCE_SUFFIXES = (".py", ".yaml", ".yml", ".jinja", ".json")
 
 
-def source_hash(root: Path = ROOT) -> str:
-    """SHA-256 over quantkit's package source and the recipe files (paths and bytes), so a cached
-    figure is reused only while the code that produced it is unchanged."""
+def source_files(root: Path = ROOT) -> list[str]:
+    """quantkit's package source and the recipe files, as paths relative to ``root``."""
+    return sorted(
+        str(path.relative_to(root))
+        for folder in SOURCE_DIRS
+        for path in (root / folder).rglob("*")
+        if path.suffix in SOURCE_SUFFIXES and path.is_file() and "__pycache__" not in path.parts
+    )
+
+
+def loaded_sources(root: Path = ROOT) -> list[str]:
+    """The quantkit modules this process has imported (what produced its figures) and the recipe
+    files, relative to ``root``."""
+    package = (root / "quantkit").resolve()
+    loaded = set()
+    for module in list(sys.modules.values()):
+        path = Path(getattr(module, "__file__", None) or "/").resolve()
+        if path.is_relative_to(package) and path.suffix == ".py":
+            loaded.add(str(path.relative_to(root.resolve())))
+    return sorted(loaded | {f for f in source_files(root) if f.startswith("recipes/")})
+
+
+def source_hash(root: Path = ROOT, files: list[str] | None = None) -> str:
+    """SHA-256 over ``files`` (default: all of :func:`source_files`), paths and bytes, so a cached
+    figure is reused only while the code that produced it is unchanged. A missing file counts."""
     digest = hashlib.sha256()
-    for folder in SOURCE_DIRS:
-        for path in sorted((root / folder).rglob("*")):
-            if path.suffix in SOURCE_SUFFIXES and path.is_file() and "__pycache__" not in path.parts:
-                digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for name in files if files is not None else source_files(root):
+        path = root / name
+        digest.update(name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"<missing>") + b"\0")
     return digest.hexdigest()
 
 

@@ -478,16 +478,11 @@ LIBRARIES = ("torch", "transformers", "llmcompressor", "compressed-tensors", "da
 
 
 def code_state() -> dict:
-    """What every row's key shares: quantkit's source, this script's measuring code, libraries."""
-    from _shared import git_commit, library_versions, source_hash
+    """What every row's key shares: this script's measuring code, the libraries, the commit."""
+    from _shared import git_commit, library_versions
 
     bench = hashlib.sha256("\n".join(inspect.getsource(f) for f in MEASURING).encode()).hexdigest()
-    return {
-        "source": source_hash(),
-        "bench": bench,
-        "versions": library_versions(LIBRARIES),
-        "commit": git_commit(),
-    }
+    return {"bench": bench, "versions": library_versions(LIBRARIES), "commit": git_commit()}
 
 
 def run_spec(name: str, variants: dict) -> dict:
@@ -508,10 +503,39 @@ def run_spec(name: str, variants: dict) -> dict:
     return {"run": name}  # plain-* and rtn-*: defined by the measuring code above
 
 
-def provenance(name: str, spec: dict, settings: dict, state: dict) -> dict:
-    material = {"run": name, "spec": spec, "settings": settings, **{k: state[k] for k in ("source", "bench", "versions")}}
+def provenance(name: str, spec: dict, settings: dict, state: dict, files: list[str] | None) -> dict:
+    """A row's key: its run and recipe, the settings, this script's measuring code, the library
+    versions and the bytes of ``files`` (the quantkit modules the measuring process had loaded,
+    and the recipes); with the commit and the file list for display and for the next check."""
+    from _shared import source_hash
+
+    source = source_hash(files=files) if files else "no file list"
+    material = {"run": name, "spec": spec, "settings": settings, "source": source, **{k: state[k] for k in ("bench", "versions")}}
     key = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
-    return {"key": key, "commit": state["commit"], "source": state["source"][:12], "versions": state["versions"]}
+    return {"key": key, "commit": state["commit"], "source": source[:12], "versions": state["versions"], "files": files}
+
+
+class Keys:
+    """Per run, the provenance the code as it is now gives it, over the files its stored row was
+    made with (a row from other code, or without a file list, gets another key: stale)."""
+
+    def __init__(self, runs: dict, variants: dict, settings: dict, state: dict):
+        self.runs, self.variants, self.settings, self.state = runs, variants, settings, state
+
+    def get(self, name: str, default=None) -> dict | None:
+        if name not in ALL_RUNS:
+            return default
+        files = ((self.runs.get(name) or {}).get("provenance") or {}).get("files")
+        return provenance(name, run_spec(name, self.variants), self.settings, self.state, files)
+
+    def __getitem__(self, name: str) -> dict:
+        return self.get(name)
+
+    def made_now(self, name: str) -> dict:
+        """The provenance of a row this process has just measured."""
+        from _shared import loaded_sources
+
+        return provenance(name, run_spec(name, self.variants), self.settings, self.state, loaded_sources())
 
 
 def made_by(row: dict, expected: dict | None) -> str:
@@ -528,7 +552,7 @@ def made_by(row: dict, expected: dict | None) -> str:
 # ---------------------------------------------------------------------- main
 
 
-def markdown(results: dict, reference: dict, expected: dict) -> str:
+def markdown(results: dict, reference: dict, expected) -> str:
     lines = [
         f"reference (float32): perplexity {reference['ppl']:.2f} on {reference['tokens']} scored tokens",
         "",
@@ -561,7 +585,7 @@ HARNESS_RUNS = [
 HARNESS_TASK = "quantkit_prose_ppl"
 
 
-def harness_recovery(folder: Path, work: Path, saved: dict, limit: int, runs: list[str], expected: dict) -> dict:
+def harness_recovery(folder: Path, work: Path, saved: dict, limit: int, runs: list[str], expected) -> dict:
     """Word perplexity of the written checkpoints through `quantkit eval` (lm-evaluation-harness,
     the offline prose task), against the bf16 original: the same command users run. Only the runs
     asked for whose row is current; a harness row is reused while it was made from the same row."""
@@ -608,7 +632,7 @@ def harness_recovery(folder: Path, work: Path, saved: dict, limit: int, runs: li
     return {"task": HARNESS_TASK, "rows": rows}
 
 
-def harness_table(harness: dict, runs: dict, expected: dict) -> list[str]:
+def harness_table(harness: dict, runs: dict, expected) -> list[str]:
     rows = harness.get("rows") or {}
     if not rows:
         return []
@@ -640,7 +664,7 @@ def _change(row: dict, reference: dict) -> float:
     return 100 * (row["ppl"] / row.get("reference_ppl", reference["ppl"]) - 1)
 
 
-def current_rows(runs: dict, expected: dict) -> dict:
+def current_rows(runs: dict, expected) -> dict:
     """The rows made by the code as it is (their key matches)."""
     return {
         name: row
@@ -693,7 +717,7 @@ def verdicts(done: dict, reference: dict) -> list[str]:
     return lines
 
 
-def results_section(saved: dict, wall_note: str, expected: dict) -> str:
+def results_section(saved: dict, wall_note: str, expected) -> str:
     settings, reference = saved["settings"], saved["reference"]
     current = current_rows(saved["runs"], expected)
     kept = [name for name, row in saved["runs"].items() if "ppl" in row and name not in current]
@@ -815,9 +839,11 @@ def main() -> None:
         "quantkit-asym-g32": shipped.model_copy(update={"name": "w4a16-g32", "group_size": 32}),
     }
     state = code_state()
-    expected = {name: provenance(name, run_spec(name, variants), settings, state) for name in ALL_RUNS}
-    print(f"code: quantkit source {state['source'][:12]}, git {state['commit']}", flush=True)
-    table_tag = provenance("sensitivity", {}, settings, state)["key"]
+    expected = Keys(saved["runs"], variants, settings, state)
+    print(f"code: git {state['commit']}", flush=True)
+    from _shared import source_files
+
+    table_tag = provenance("sensitivity", {}, settings, state, source_files())["key"]
     table = None
     if KL_TABLE_RUNS & set(runs):
         clock = time.perf_counter()
@@ -872,7 +898,8 @@ def main() -> None:
             row = {**info, **stored_bits(output), **score(load_checkpoint(output), ref)}
         row["run_s"] = round(time.perf_counter() - clock, 1)
         row["reference_ppl"] = ref.result["ppl"]
-        row["provenance"] = expected[name]
+        saved["runs"][name] = row
+        row["provenance"] = expected.made_now(name)
         saved["runs"][name] = row
         save()
         print(f"{name}: {json.dumps({k: v for k, v in row.items() if k != 'eight_bit_units'})}", flush=True)

@@ -83,30 +83,40 @@ def bench_module(name: str):
         sys.path.remove(str(BENCH))
 
 
-def test_source_hash_follows_the_package_source(tmp_path):
-    """A cached real-weights row is keyed by quantkit's source: any change to a source file of
-    the quantize path changes the key; documentation does not."""
+def test_source_hash_follows_the_files_that_made_a_row(tmp_path):
+    """A cached real-weights row is keyed by the quantkit files its process had loaded: a change
+    to one of them changes the key, a change elsewhere (or to documentation) does not."""
     shared = bench_module("_shared")
     for folder in shared.SOURCE_DIRS:
         shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    before = shared.source_hash(tmp_path)
+    used = ["quantkit/quantize/run.py", "recipes/w4a16.yaml"]
+    before, whole = shared.source_hash(tmp_path, used), shared.source_hash(tmp_path)
     (tmp_path / "quantkit" / "NOTES.md").write_text("prose only\n")
-    assert shared.source_hash(tmp_path) == before
+    audit = tmp_path / "quantkit" / "verify" / "audit.py"
+    audit.write_text(audit.read_text() + "\n# a change outside the quantize path\n")
+    assert shared.source_hash(tmp_path, used) == before and shared.source_hash(tmp_path) != whole
     run = tmp_path / "quantkit" / "quantize" / "run.py"
     run.write_text(run.read_text() + "\n# a change to the quantize path\n")
-    assert shared.source_hash(tmp_path) != before
-    assert shared.source_hash(ROOT) == shared.source_hash(ROOT)  # stable
+    assert shared.source_hash(tmp_path, used) != before
+
+    import quantkit.quantize  # noqa: F401 - loaded, so it made whatever this process measures
+
+    loaded = shared.loaded_sources()
+    assert "quantkit/quantize/run.py" in loaded and "recipes/w4a16.yaml" in loaded
+    assert set(loaded) <= set(shared.source_files())
 
 
 def test_rows_name_their_commit_and_stale_rows_say_so():
     mp = bench_module("mixed_precision")
-    state = {"source": "a" * 64, "bench": "b" * 64, "versions": {"torch": "1"}, "commit": "1234567"}
-    changed = {**state, "source": "c" * 64, "commit": "89abcde"}
+    state = {"bench": "b" * 64, "versions": {"torch": "1"}, "commit": "1234567"}
+    changed = {**state, "bench": "c" * 64, "commit": "89abcde"}
     settings = {"calib_samples": 2, "eval_windows": 2, "window": 512}
-    spec = {"run": "rtn-g64"}
-    made = mp.provenance("rtn-g64", spec, settings, state)
-    now = mp.provenance("rtn-g64", spec, settings, changed)
-    assert made["key"] != now["key"] and made["key"] == mp.provenance("rtn-g64", spec, settings, state)["key"]
+    spec, files = {"run": "rtn-g64"}, ["quantkit/quantize/run.py"]
+    made = mp.provenance("rtn-g64", spec, settings, state, files)
+    now = mp.provenance("rtn-g64", spec, settings, changed, files)
+    assert made["key"] != now["key"]
+    assert made["key"] == mp.provenance("rtn-g64", spec, settings, state, files)["key"]
+    assert made["key"] != mp.provenance("rtn-g64", spec, settings, state, None)["key"]
     row = {"ppl": 40.0, "kl": 0.5, "top1": 0.6, "reference_ppl": 36.0, "provenance": made}
     legacy = {**row, "provenance": {"commit": "1679748 or earlier", "legacy": True}}
     assert mp.made_by(row, made) == "1234567"
