@@ -73,9 +73,11 @@ MISSING_KERNEL_MESSAGES = (
     ),
 )
 
-# compressed-tensors presets quantkit writes (its recipes, and the 8-bit layers of a W4A16
-# recipe), each served by vLLM on the GPUs its recipe targets (recipes/targets.yaml).
-SHIPPED_PRESETS = ("W8A8", "W8A16", "W4A16", "W4A16_ASYM", "FP8", "FP8_DYNAMIC")
+# compressed-tensors presets quantkit's recipes write, each served by vLLM on the GPUs its recipe
+# targets (recipes/targets.yaml); plus the 8-bit layers of a W4A16 recipe (quantkit's own
+# per-channel W8A16 / W8A8: quantkit.quantize.mixed.high_scheme).
+SHIPPED_PRESETS = ("W8A8", "W4A16", "W4A16_ASYM", "FP8", "FP8_DYNAMIC")
+SHIPPED_PROMOTED = ("W8A16", "W8A8")
 _ARG_FIELDS = ("num_bits", "type", "strategy", "symmetric", "dynamic")
 
 
@@ -88,10 +90,14 @@ def shipped_schemes(quantization_config: dict) -> list[str] | None:
     one (other bit widths, types or strategies, or a group size no recipe picks)."""
     from compressed_tensors.quantization import preset_name_to_scheme
 
+    from quantkit.quantize.mixed import high_scheme
+
+    schemes = [(name, preset_name_to_scheme(name, ["Linear"])) for name in SHIPPED_PRESETS]
+    schemes += [(name, high_scheme(name, ["Linear"])) for name in SHIPPED_PROMOTED]
     presets = {}
-    for name in SHIPPED_PRESETS:
-        scheme = preset_name_to_scheme(name, ["Linear"]).model_dump(mode="json")
-        presets[(_signature(scheme["weights"]), _signature(scheme["input_activations"]))] = name
+    for name, scheme in schemes:
+        dumped = scheme.model_dump(mode="json")
+        presets.setdefault((_signature(dumped["weights"]), _signature(dumped["input_activations"])), name)
     groups = (quantization_config or {}).get("config_groups") or {}
     found = []
     for group in groups.values():
@@ -116,12 +122,12 @@ def classify_failure(answer: dict, schemes: list[str] | None) -> tuple[str, str]
     """('skipped', why) when the error is a known "no kernel on this backend" message (for a
     scheme vLLM serves elsewhere); else ('failed', why). ``schemes``: shipped_schemes(config)."""
     message = str(answer.get("message"))
-    first = f"{answer.get('error_type')}: {message.splitlines()[0] if message else ''}"
+    # One line: vLLM lists the reason of each refused kernel on the lines after the first.
+    flat = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    detail = f"{answer.get('error_type')}: {flat[:600]}{' ...' if len(flat) > 600 else ''}"
     known = missing_kernel(message, schemes)
     if known is None:
-        return "failed", f"vLLM {answer.get('stage')} failed: {first}"
-    line = next(line for line in message.splitlines() if re.search(known.pattern, line))
-    detail = first if line in first else f"{first} ... {line.strip()}"
+        return "failed", f"vLLM {answer.get('stage')} failed: {detail}"
     scheme = "/".join(sorted(set(schemes))) if schemes else "this scheme"
     return (
         "skipped",
