@@ -485,6 +485,17 @@ def code_state() -> dict:
     return {"bench": bench, "versions": library_versions(LIBRARIES), "commit": git_commit()}
 
 
+def recipe_variants() -> dict:
+    from quantkit.recipes import get_recipe
+
+    shipped = get_recipe("w4a16")
+    return {
+        "quantkit-w4a16": shipped,
+        "quantkit-w4a16-sym": symmetric_w4a16(),
+        "quantkit-asym-g32": shipped.model_copy(update={"name": "w4a16-g32", "group_size": 32}),
+    }
+
+
 def run_spec(name: str, variants: dict) -> dict:
     """What one run does beyond the shared code: its recipe, budget and ranking."""
     from quantkit.recipes import get_recipe
@@ -562,7 +573,8 @@ def markdown(results: dict, reference: dict, expected) -> str:
     for name, row in results.items():
         if "ppl" not in row:
             continue
-        change = 100 * (row["ppl"] / row.get("reference_ppl", reference["ppl"]) - 1)
+        # Legacy rows keep the change they were printed with (their ppl and reference are rounded).
+        change = row.get("ppl_change_pct", 100 * (row["ppl"] / row.get("reference_ppl", reference["ppl"]) - 1))
         seconds = row.get("oneshot_s")
         timing = f"{seconds:.0f} s oneshot" if seconds else "seconds"
         if row.get("sensitivity_s"):
@@ -797,7 +809,21 @@ def main() -> None:
         action="store_true",
         help="exit 0 with a message when the Jargon File is not installed (make bench)",
     )
+    parser.add_argument(
+        "--render-only",
+        action="store_true",
+        help="only rewrite --write-results from the stored rows of --results (nothing is measured)",
+    )
     args = parser.parse_args()
+    if args.render_only:
+        from _shared import REAL_WEIGHTS_HEADING, replace_section
+
+        saved = json.loads((args.results or args.work / "results.json").read_text())
+        keys = Keys(saved["runs"], recipe_variants(), saved["settings"], code_state())
+        note = saved.get("written") or "rendered from stored rows"
+        replace_section(args.write_results, REAL_WEIGHTS_HEADING, results_section(saved, note, keys))
+        print(f"rendered the real-weights section of {args.write_results} from stored rows")
+        return
     if args.skip_if_missing and not any(path.is_file() for path in JARGON):
         print(f"real weights: skipped: {JARGON_MISSING}")
         return
@@ -832,12 +858,7 @@ def main() -> None:
     def save() -> None:
         results_path.write_text(json.dumps(saved, indent=2) + "\n")
 
-    shipped = get_recipe("w4a16")
-    variants = {
-        "quantkit-w4a16": shipped,
-        "quantkit-w4a16-sym": symmetric_w4a16(),
-        "quantkit-asym-g32": shipped.model_copy(update={"name": "w4a16-g32", "group_size": 32}),
-    }
+    variants = recipe_variants()
     state = code_state()
     expected = Keys(saved["runs"], variants, settings, state)
     print(f"code: git {state['commit']}", flush=True)
@@ -916,6 +937,8 @@ def main() -> None:
 
         stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         note = f"{stamp}, {os.cpu_count()} cores, torch {torch.__version__}"
+        saved["written"] = note
+        save()
         replace_section(args.write_results, REAL_WEIGHTS_HEADING, results_section(saved, note, expected))
         print(f"wrote the real-weights section of {args.write_results}")
 
