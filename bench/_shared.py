@@ -3,6 +3,8 @@ calibration samples drawn from the demo pool). Bench-only: the package never imp
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import json
 import os
 import statistics
@@ -168,3 +170,70 @@ def replace_section(path: Path, heading: str, body: str) -> None:
     partial = path.with_name(path.name + ".partial")
     partial.write_text(text, encoding="utf-8")
     partial.replace(path)
+
+
+# ---------------------------------------------------------------------- provenance
+
+# What a cached benchmark row depends on in this repository: the package and the recipes.
+SOURCE_DIRS = ("quantkit", "recipes")
+SOURCE_SUFFIXES = (".py", ".yaml", ".yml", ".jinja", ".json")
+
+
+def source_files(root: Path = ROOT) -> list[str]:
+    """quantkit's package source and the recipe files, as paths relative to ``root``."""
+    return sorted(
+        str(path.relative_to(root))
+        for folder in SOURCE_DIRS
+        for path in (root / folder).rglob("*")
+        if path.suffix in SOURCE_SUFFIXES and path.is_file() and "__pycache__" not in path.parts
+    )
+
+
+def loaded_sources(root: Path = ROOT) -> list[str]:
+    """The quantkit modules this process has imported (what produced its figures) and the recipe
+    files, relative to ``root``."""
+    package = (root / "quantkit").resolve()
+    loaded = set()
+    for module in list(sys.modules.values()):
+        path = Path(getattr(module, "__file__", None) or "/").resolve()
+        if path.is_relative_to(package) and path.suffix == ".py":
+            loaded.add(str(path.relative_to(root.resolve())))
+    return sorted(loaded | {f for f in source_files(root) if f.startswith("recipes/")})
+
+
+def source_hash(root: Path = ROOT, files: list[str] | None = None) -> str:
+    """SHA-256 over ``files`` (default: all of :func:`source_files`), paths and bytes, so a cached
+    figure is reused only while the code that produced it is unchanged. A missing file counts."""
+    digest = hashlib.sha256()
+    for name in files if files is not None else source_files(root):
+        path = root / name
+        digest.update(name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"<missing>") + b"\0")
+    return digest.hexdigest()
+
+
+def git_commit(root: Path = ROOT) -> str:
+    """HEAD's short hash, with "+" when tracked files under quantkit/ or recipes/ differ from it
+    (a figure made with local changes); "unknown" outside a git checkout."""
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", *SOURCE_DIRS],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("+" if dirty else "")
+
+
+def library_versions(names) -> dict[str, str | None]:
+    found = {}
+    for name in names:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    return found

@@ -8,10 +8,11 @@ Four ``quantize`` calls on one tiny zoo model and one set of calibration samples
   3. w8a8-sq-gptq  warm, fresh process (as a second ``quantkit quantize`` command)
   4. fp8-dynamic   data-free, fresh process
 
-Feature cache: ``stage_times_s["preprocess"]`` of the cold run against the warm ones (goal: the
-second recipe preprocesses >= 5x faster), split into loading the processor (in a fresh process
-that includes transformers' lazy imports of the processing code, which no cache can save) and
-``prepare_features`` (what the cache replaces).
+Feature cache: its own effect is ``prepare_features`` (what the cache replaces: decoding media and
+running the processor) cold against warm (goal: >= 5x). Beside it, ``stage_times_s["preprocess"]``
+of the cold run against the warm ones, which adds loading the processor: in the same process that
+load is warm too (transformers' lazy imports done once), in a fresh process it dominates and no
+cache can save it.
 
 Size: ``audit_checkpoint(out).size_ratio`` per recipe, i.e. the language model's stored weight
 bytes (quantized weights, scales, zero points, shapes) over the same weights in 16 bits; each
@@ -149,7 +150,8 @@ def run(samples: int, workdir: Path) -> dict:
         "speedup_features": round(
             cold["features_s"] / max(median([same["features_s"], fresh["features_s"]]), 1e-3), 1
         ),
-        "goal_cache_met": stage(cold) / max(stage(same), 0.01) >= GOAL_CACHE_SPEEDUP,
+        "goal_cache_met": cold["features_s"] / max(median([same["features_s"], fresh["features_s"]]), 1e-3)
+        >= GOAL_CACHE_SPEEDUP,
         "sizes": {
             r["recipe"]: {
                 "size_ratio": round(r["size_ratio"], 4),
@@ -188,9 +190,10 @@ def report(r: dict) -> str:
         line("cold, fresh process", cold),
         line("warm, same process ", same),
         line("warm, fresh process", fresh),
-        f"  second recipe in the same process: {r['speedup_same_process']}x faster; in a fresh process: "
-        f"{r['speedup_fresh_process']}x; prepare_features alone: {r['speedup_features']}x",
-        f"  goal >= {GOAL_CACHE_SPEEDUP:g}x (same process): {'met' if r['goal_cache_met'] else 'NOT met'}",
+        f"  the cache's own effect, prepare_features cold against warm: {r['speedup_features']}x "
+        f"(goal >= {GOAL_CACHE_SPEEDUP:g}x: {'met' if r['goal_cache_met'] else 'NOT met'})",
+        f"  whole preprocess stage: second recipe in the same process {r['speedup_same_process']}x faster "
+        f"(processor load warm too); in a fresh process {r['speedup_fresh_process']}x",
         "size of the language model's weights against 16 bits (audit_checkpoint(...).size_ratio):",
     ]
     for recipe, s in r["sizes"].items():

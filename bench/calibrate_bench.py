@@ -9,7 +9,11 @@ some exact duplicates. Then, alternately and each in a fresh subprocess:
   (b) `build_calibration_set(pool, out, CalibrateOptions(size=...))`: wall time of the call, the
       child's peak RSS (VmHWM), and whether torch / transformers got imported.
 
-Prints the medians, the ratio b/a and whether the goals hold (ratio <= 3, peak RSS < 1 GB).
+  (c) `python -m quantkit calibrate POOL --output SET --size ...`: the whole command as a user runs
+      it, interpreter start and imports included, against (a) run the same way (whole process).
+
+Prints the medians, the ratios and whether the goals hold (b/a <= 3, c/a as processes <= 3,
+peak RSS < 1 GB).
 
     .venv/bin/python bench/calibrate_bench.py [--records 100000] [--size 5000] [--repeats 3] [--json OUT]
     .venv/bin/python bench/calibrate_bench.py --records 10000000 --make-pool /tmp/p10m   # once, then
@@ -36,6 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _shared import ROOT, peak_rss_mb  # noqa: E402
 
 GOAL_RATIO = 3.0
+# The same goal for the whole command as a user runs it: `quantkit calibrate` as a process against
+# the parse as a process (both pay the interpreter's start; the command also its imports).
+GOAL_COMMAND_RATIO = 3.0
 GOAL_RSS_MB = 1000.0
 
 # Words to vary the text of reused templates (every record gets different messages).
@@ -143,6 +150,7 @@ def child_build(pool: str, output: str, size: int) -> dict:
 
     import_s = time.perf_counter() - import_started
     probe_s = _time_media_probes()
+    per_kind = _time_probes_per_kind()
     marks: list[tuple[str, float]] = []
     rss_before = peak_rss_mb()
     started = time.perf_counter()
@@ -159,6 +167,7 @@ def child_build(pool: str, output: str, size: int) -> dict:
         "phases_s": {"taxonomy and setup": (marks[0][1] if marks else started + wall) - started}
         | {phase: end - t for (phase, t), end in zip(marks, ends, strict=True)},
         "media_probes_s": probe_s[0],
+        "probes_per_kind": per_kind,
         "import_s": import_s,
         "peak_rss_mb": peak_rss_mb(),
         "rss_after_imports_mb": rss_before,
@@ -193,14 +202,52 @@ def _time_media_probes() -> list[float]:
     return spent
 
 
+def _time_probes_per_kind() -> dict[str, list[float]]:
+    """Seconds and count of the header probes per media kind (each file is probed once)."""
+    from quantkit.pool import parse as reader  # where the probes are looked up at call time
+
+    spent: dict[str, list[float]] = {}
+    for kind in ("image", "video", "audio"):
+        name = f"probe_{kind}"
+        original = getattr(reader, name, None)
+        if original is None:
+            continue
+        cell = spent.setdefault(kind, [0.0, 0])
+
+        def probe(*args, _original=original, _cell=cell, **kwargs):
+            started = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                _cell[0] += time.perf_counter() - started
+                _cell[1] += 1
+
+        setattr(reader, name, probe)
+    return spent
+
+
+def _run_command(pool: str, output: str, size: int, code: Path) -> float:
+    """Whole-process wall time of `python -m quantkit calibrate`, as a user runs it."""
+    env = {**os.environ, "PYTHONPATH": str(code), "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-m", "quantkit", "calibrate", pool, "--output", output, "--size", str(size)]
+    started = time.perf_counter()
+    proc = subprocess.run([*command, "--force"], capture_output=True, text=True, env=env, check=False)
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"quantkit calibrate failed:\n{proc.stderr[-3000:]}")
+    return wall
+
+
 def _run_child(*args: str, code: Path = ROOT) -> dict:
     env = {**os.environ, "PYTHONPATH": str(code), "HF_HUB_OFFLINE": "1"}
+    started = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, __file__, "--child", *args], capture_output=True, text=True, env=env, check=False
     )
+    wall = time.perf_counter() - started
     if proc.returncode != 0:
         raise RuntimeError(f"child {args[0]} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1]) | {"process_wall_s": wall}
 
 
 def run(
@@ -223,12 +270,29 @@ def run(
             pool_info = make_pool(folder, records, per_task=per_task)
             pool = str(folder / "pool.jsonl")
         make_s = time.perf_counter() - started
-        parses, builds = [], []
-        for _ in range(repeats):  # alternate: a b a b ...
+        parses, builds, commands = [], [], []
+        for _ in range(repeats):  # alternate: a b c a b c ...
             parses.append(_run_child("parse", pool))
             builds.append(_run_child("build", pool, str(folder / "set"), str(size), code=code))
+            commands.append(_run_command(pool, str(folder / "set-command"), size, code))
         parse_s = statistics.median(p["wall_s"] for p in parses)
         build_s = statistics.median(b["wall_s"] for b in builds)
+        parse_process_s = statistics.median(p["process_wall_s"] for p in parses)
+        command_s = statistics.median(commands)
+        kinds = sorted({k for b in builds for k in b["probes_per_kind"]})
+        per_probe_ms = {
+            kind: {
+                "files": builds[-1]["probes_per_kind"][kind][1],
+                "ms_per_file": round(
+                    1000
+                    * statistics.median(
+                        b["probes_per_kind"][kind][0] / max(b["probes_per_kind"][kind][1], 1) for b in builds
+                    ),
+                    3,
+                ),
+            }
+            for kind in kinds
+        }
         peak = max(b["peak_rss_mb"] for b in builds)
         last = builds[-1]
         return {
@@ -244,6 +308,12 @@ def run(
             "parse_runs_s": [round(p["wall_s"], 3) for p in parses],
             "build_runs_s": [round(b["wall_s"], 3) for b in builds],
             "build_import_s": round(statistics.median(b["import_s"] for b in builds), 3),
+            "parse_process_s": round(parse_process_s, 3),
+            "command_s": round(command_s, 3),
+            "command_runs_s": [round(c, 3) for c in commands],
+            "ratio_command": round(command_s / parse_process_s, 2),
+            "goal_command_met": command_s / parse_process_s <= GOAL_COMMAND_RATIO,
+            "probe_ms_per_file": per_probe_ms,
             "build_phases_s": {
                 phase: round(statistics.median(b["phases_s"].get(phase, 0.0) for b in builds), 3)
                 for phase in builds[0]["phases_s"]
@@ -279,6 +349,14 @@ def report(result: dict) -> str:
         f"calibrate wall: {result['build_s']:.2f} s",
         f"peak RSS: {result['peak_rss_mb']:.0f} MB (after imports: {result['rss_after_imports_mb']:.0f} MB)",
         f"ratio b/a: {result['ratio']:.2f}",
+        f"(c) the whole command, `python -m quantkit calibrate` as a process: median {result['command_s']:.3f} s "
+        f"runs {result['command_runs_s']}; (a) as a process: {result['parse_process_s']:.3f} s; "
+        f"ratio c/a: {result['ratio_command']:.2f} (goal <= {GOAL_COMMAND_RATIO:g}: {ok[result['goal_command_met']]})",
+        "media probes per file: "
+        + (
+            ", ".join(f"{k} {v['ms_per_file']:.2f} ms ({v['files']} files)" for k, v in result["probe_ms_per_file"].items())
+            or "not measured"
+        ),
         f"heavy imports during calibrate: {', '.join(result['heavy_imports']) or 'none'}",
         f"goal ratio <= {GOAL_RATIO:g}: {ok[result['goal_ratio_met']]}; "
         f"goal peak RSS < {GOAL_RSS_MB:g} MB: {ok[result['goal_rss_met']]}",

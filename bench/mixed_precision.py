@@ -38,15 +38,24 @@ grid; asym-g32 runs re-quantize onto (nearly) that grid and flatter 4-bit result
 Usage:
   HF_HUB_OFFLINE=1 PYTHONPATH=. .venv/bin/python bench/mixed_precision.py [--work DIR]
       [--calib-samples 64] [--eval-windows 20] [--runs a,b,...] [--all]
-GPTQ takes 4-10 min per run on 2 cores: the default set is ~60 min. Results go to
-DIR/results.json (updated after every run) and a markdown table on stdout.
+GPTQ takes 4-10 min per run on 2 cores: the default set is ~60 min. Results go to --results
+(default DIR/results.json; `make bench` and `make bench-real`: bench/real_weights.json), updated
+after every run, and a markdown table of the runs asked for on stdout.
+
+Each row is stored with what produced it: a key over quantkit's package source and recipe files,
+this script's measuring code, the run's recipe, the window settings and the library versions, plus
+the git commit for display. A row is reused only while its key matches; otherwise the run is made
+again. RESULTS.md shows every stored row with its commit, and marks rows whose code has changed
+since (not re-measured) as such.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import shutil
@@ -282,22 +291,18 @@ def plain_oneshot(folder: Path, calib: list[torch.Tensor], output: Path, run: st
         {"input_ids": [w.tolist() for w in calib], "attention_mask": [[1] * len(w) for w in calib]}
     )
     run = run.removesuffix("-chat")  # the caller renders the windows
-    bits = {"plain-w8a8-sq-gptq": 8.0, "plain-fp8": 8.0, "plain-fp8-dynamic": 8.0}.get(run, 4.0)
     if run == "plain-gptq-g64":
         weights = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=64)
         scheme = QuantizationScheme(targets=["Linear"], weights=weights)
         recipe = [GPTQModifier(config_groups={"group_0": scheme}, ignore=["lm_head"])]
-        info = {"avg_bits": 4.0, "effective_bits": 4.25}
     elif run == "plain-w8a8-sq-gptq":
         recipe = [
             SmoothQuantModifier(smoothing_strength=0.8),
             GPTQModifier(targets=["Linear"], scheme="W8A8", ignore=["lm_head"]),
         ]
-        info = {"avg_bits": bits}
     elif run in ("plain-fp8", "plain-fp8-dynamic"):
         preset = "FP8" if run == "plain-fp8" else "FP8_DYNAMIC"
         recipe = [QuantizationModifier(targets=["Linear"], scheme=preset, ignore=["lm_head"])]
-        info = {"avg_bits": bits}
     else:
         raise ValueError(run)
     started = time.perf_counter()
@@ -312,7 +317,7 @@ def plain_oneshot(folder: Path, calib: list[torch.Tensor], output: Path, run: st
     set_saved_dtype(model, torch.bfloat16)
     model.save_pretrained(output, save_compressed=True)
     copy_sidecar_files(folder, output)  # the tokenizer, so that `quantkit eval` can run it too
-    return {"oneshot_s": round(wall, 1), **info}
+    return {"oneshot_s": round(wall, 1)}
 
 
 def chat_windows(tokenizer, calib: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -348,13 +353,41 @@ def quantkit_run(
         "oneshot_s": result.stage_times_s.get("oneshot"),
         "wall_s": result.wall_time_s,
         "group_size": precision.group_size if precision else None,
-        "avg_bits": round(precision.avg_bits, 3) if precision else None,
-        "effective_bits": round(precision.effective_bits, 3) if precision else None,
         "eight_bit_units": [u.unit for u in precision.units if u.bits == 8] if precision else [],
     }
     if "sensitivity" in result.stage_times_s:
         info["sensitivity_s"] = result.stage_times_s["sensitivity"]
     return info
+
+
+# Tensors a quantized Linear stores besides (or instead of) its weight.
+QUANT_PARAMS = ("weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx", "input_scale", "input_zero_point")
+
+
+def stored_bits(checkpoint: Path) -> dict:
+    """Bits per quantized weight as the checkpoint stores them, read from its safetensors: the
+    weights alone (``weight`` / ``weight_packed``) and with every quantization tensor of the layer."""
+    from safetensors import safe_open
+
+    weights = extra = count = 0
+    for path in sorted(Path(checkpoint).glob("*.safetensors")):
+        with safe_open(str(path), "pt") as handle:
+            keys = set(handle.keys())
+            for key in sorted(k for k in keys if k.endswith(".weight_scale")):
+                layer = key.removesuffix(".weight_scale")
+                stored = handle.get_tensor(f"{layer}.weight_packed" if f"{layer}.weight_packed" in keys else f"{layer}.weight")
+                if f"{layer}.weight_shape" in keys:
+                    count += int(torch.prod(handle.get_tensor(f"{layer}.weight_shape")))
+                else:
+                    count += stored.numel()
+                weights += stored.numel() * stored.element_size() * 8
+                for suffix in QUANT_PARAMS:
+                    if f"{layer}.{suffix}" in keys:
+                        tensor = handle.get_tensor(f"{layer}.{suffix}")
+                        extra += tensor.numel() * tensor.element_size() * 8
+    if not count:
+        return {}
+    return {"avg_bits": round(weights / count, 3), "effective_bits": round((weights + extra) / count, 3)}
 
 
 def symmetric_w4a16():
@@ -392,13 +425,16 @@ def rtn_run(folder, adapter, table, ref: Reference, selection: str | None) -> di
     return result
 
 
-def measure_table(folder, adapter, tokenizer, calib, work: Path, count: int = 8, method: str = "kl"):
+def measure_table(
+    folder, adapter, tokenizer, calib, work: Path, count: int = 8, method: str = "kl", tag: str = ""
+):
     """A sensitivity table with the settings quantize --avg-bits uses (measured once, saved, cost
-    recorded): method kl (measured per unit) or fisher (quantize's own default, estimated)."""
+    recorded): method kl (measured per unit) or fisher (quantize's own default, estimated).
+    ``tag`` (the code and settings it was measured with) names the saved file."""
     from quantkit.models.inputs import Sample
     from quantkit.sensitivity import load_table, save_table, sensitivity
 
-    path = work / ("sensitivity-w4a16-g64-unit.json" if method == "kl" else "sensitivity-fisher-unit.json")
+    path = work / f"sensitivity-{'w4a16-g64' if method == 'kl' else 'fisher'}-unit-{tag}.json"
     if path.is_file():
         return load_table(path)
     pick = torch.linspace(0, len(calib) - 1, count).round().long().unique()
@@ -419,27 +455,133 @@ def measure_table(folder, adapter, tokenizer, calib, work: Path, count: int = 8,
     return table
 
 
+# ---------------------------------------------------------------------- provenance
+
+# The functions whose code makes a row's figures (table rendering is left out on purpose).
+MEASURING = (
+    smollm2_folder,
+    with_parts_template,
+    llama_adapter,
+    windows,
+    Reference,
+    score,
+    load_checkpoint,
+    plain_oneshot,
+    chat_windows,
+    quantkit_run,
+    stored_bits,
+    symmetric_w4a16,
+    rtn_run,
+    measure_table,
+)
+LIBRARIES = ("torch", "transformers", "llmcompressor", "compressed-tensors", "datasets", "safetensors")
+
+
+def code_state() -> dict:
+    """What every row's key shares: this script's measuring code, the libraries, the commit."""
+    from _shared import git_commit, library_versions
+
+    bench = hashlib.sha256("\n".join(inspect.getsource(f) for f in MEASURING).encode()).hexdigest()
+    return {"bench": bench, "versions": library_versions(LIBRARIES), "commit": git_commit()}
+
+
+def recipe_variants() -> dict:
+    from quantkit.recipes import get_recipe
+
+    shipped = get_recipe("w4a16")
+    return {
+        "quantkit-w4a16": shipped,
+        "quantkit-w4a16-sym": symmetric_w4a16(),
+        "quantkit-asym-g32": shipped.model_copy(update={"name": "w4a16-g32", "group_size": 32}),
+    }
+
+
+def run_spec(name: str, variants: dict) -> dict:
+    """What one run does beyond the shared code: its recipe, budget and ranking."""
+    from quantkit.recipes import get_recipe
+
+    if name.startswith("quantkit-"):
+        recipe = (
+            get_recipe(name.removeprefix("quantkit-"))
+            if name in EIGHT_BIT_RUNS
+            else variants[name.removesuffix("-kl").removesuffix("-4.5")]
+        )
+        return {
+            "recipe": recipe.model_dump(mode="json"),
+            "avg_bits": AVG_BITS if "-4.5" in name else None,
+            "sensitivity": "kl table" if name in KL_TABLE_RUNS else "inside quantize",
+        }
+    return {"run": name}  # plain-* and rtn-*: defined by the measuring code above
+
+
+def provenance(name: str, spec: dict, settings: dict, state: dict, files: list[str] | None) -> dict:
+    """A row's key: its run and recipe, the settings, this script's measuring code, the library
+    versions and the bytes of ``files`` (the quantkit modules the measuring process had loaded,
+    and the recipes); with the commit and the file list for display and for the next check."""
+    from _shared import source_hash
+
+    source = source_hash(files=files) if files else "no file list"
+    material = {"run": name, "spec": spec, "settings": settings, "source": source, **{k: state[k] for k in ("bench", "versions")}}
+    key = hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
+    return {"key": key, "commit": state["commit"], "source": source[:12], "versions": state["versions"], "files": files}
+
+
+class Keys:
+    """Per run, the provenance the code as it is now gives it, over the files its stored row was
+    made with (a row from other code, or without a file list, gets another key: stale)."""
+
+    def __init__(self, runs: dict, variants: dict, settings: dict, state: dict):
+        self.runs, self.variants, self.settings, self.state = runs, variants, settings, state
+
+    def get(self, name: str, default=None) -> dict | None:
+        if name not in ALL_RUNS:
+            return default
+        files = ((self.runs.get(name) or {}).get("provenance") or {}).get("files")
+        return provenance(name, run_spec(name, self.variants), self.settings, self.state, files)
+
+    def __getitem__(self, name: str) -> dict:
+        return self.get(name)
+
+    def made_now(self, name: str) -> dict:
+        """The provenance of a row this process has just measured."""
+        from _shared import loaded_sources
+
+        return provenance(name, run_spec(name, self.variants), self.settings, self.state, loaded_sources())
+
+
+def made_by(row: dict, expected: dict | None) -> str:
+    """The commit that made a row, and whether it still stands for the code as it is."""
+    made = row.get("provenance") or {}
+    commit = made.get("commit") or "unknown"
+    if made.get("legacy"):
+        return f"{commit} (not re-measured)"
+    if expected is not None and made.get("key") == expected["key"]:
+        return commit
+    return f"{commit} (stale: code, recipe or libraries changed since; not re-measured)"
+
+
 # ---------------------------------------------------------------------- main
 
 
-def markdown(results: dict, reference: dict) -> str:
+def markdown(results: dict, reference: dict, expected) -> str:
     lines = [
         f"reference (float32): perplexity {reference['ppl']:.2f} on {reference['tokens']} scored tokens",
         "",
-        "| run | avg bits (weights) | with scales | ppl | ppl change | next-token KL | top-1 agreement | time |",
-        "|---|---|---|---|---|---|---|---|",
+        "| run | avg bits (weights) | with scales | ppl | ppl change | next-token KL | top-1 agreement | time | made by |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in results.items():
         if "ppl" not in row:
             continue
-        change = 100 * (row["ppl"] / reference["ppl"] - 1)
+        # Legacy rows keep the change they were printed with (their ppl and reference are rounded).
+        change = row.get("ppl_change_pct", 100 * (row["ppl"] / row.get("reference_ppl", reference["ppl"]) - 1))
         seconds = row.get("oneshot_s")
         timing = f"{seconds:.0f} s oneshot" if seconds else "seconds"
         if row.get("sensitivity_s"):
             timing += f" + {row['sensitivity_s']:.0f} s sensitivity"
         lines.append(
             f"| {name} | {row.get('avg_bits') or '-'} | {row.get('effective_bits') or '-'} | {row['ppl']:.2f} | "
-            f"{change:+.1f}% | {row['kl']:.3f} | {row['top1']:.3f} | {timing} |"
+            f"{change:+.1f}% | {row['kl']:.3f} | {row['top1']:.3f} | {timing} | {made_by(row, expected.get(name))} |"
         )
     return "\n".join(lines)
 
@@ -455,17 +597,31 @@ HARNESS_RUNS = [
 HARNESS_TASK = "quantkit_prose_ppl"
 
 
-def harness_recovery(folder: Path, work: Path, saved: dict, limit: int) -> dict:
+def harness_recovery(folder: Path, work: Path, saved: dict, limit: int, runs: list[str], expected) -> dict:
     """Word perplexity of the written checkpoints through `quantkit eval` (lm-evaluation-harness,
-    the offline prose task), against the bf16 original: the same command users run."""
+    the offline prose task), against the bf16 original: the same command users run. Only the runs
+    asked for whose row is current; a harness row is reused while it was made from the same row."""
+    from _shared import library_versions
+
     from quantkit.eval.run import evaluate_checkpoints
 
-    names = [
-        n for n in HARNESS_RUNS if "ppl" in saved["runs"].get(n, {}) and (work / "checkpoints" / n).is_dir()
-    ]
     known = saved.get("harness") or {}
-    if known.get("limit") == limit and set(names) <= set(known.get("rows", {})):
-        return known
+    rows = dict(known.get("rows") or {})
+    harness_version = library_versions(["lm_eval"])["lm_eval"]
+
+    def key(name: str) -> str:
+        return f"{expected[name]['key']}/{limit}/{harness_version}"
+
+    names = [
+        n
+        for n in HARNESS_RUNS
+        if n in runs
+        and (saved["runs"].get(n) or {}).get("provenance", {}).get("key") == expected[n]["key"]
+        and (work / "checkpoints" / n).is_dir()
+        and (rows.get(n) or {}).get("key") != key(n)
+    ]
+    if not names:
+        return {"task": HARNESS_TASK, "rows": rows}
     report = evaluate_checkpoints(
         folder,
         [work / "checkpoints" / n for n in names],
@@ -474,7 +630,6 @@ def harness_recovery(folder: Path, work: Path, saved: dict, limit: int) -> dict:
         write=False,
         max_loss=100,
     )
-    rows = {}
     for name, result in zip(names, report.checkpoints, strict=True):
         for row in result.rows:
             if row.metric == "word_perplexity":
@@ -482,46 +637,56 @@ def harness_recovery(folder: Path, work: Path, saved: dict, limit: int) -> dict:
                     "original": row.original,
                     "quantized": row.quantized,
                     "recovery_pct": row.recovery_pct,
+                    "limit": limit,
+                    "key": key(name),
+                    "commit": expected[name]["commit"],
                 }
-    return {"task": HARNESS_TASK, "limit": limit, "rows": rows}
+    return {"task": HARNESS_TASK, "rows": rows}
 
 
-def harness_table(harness: dict) -> list[str]:
+def harness_table(harness: dict, runs: dict, expected) -> list[str]:
     rows = harness.get("rows") or {}
     if not rows:
         return []
-    first = next(iter(rows.values()))
     lines = [
         "",
-        f"Through `quantkit eval` (lm-evaluation-harness, task `{harness['task']}`, {harness['limit']} documents "
-        f"of Python's own documentation prose), word perplexity, bf16 original {first['original']:.2f}:",
+        f"Through `quantkit eval` (lm-evaluation-harness, task `{harness['task']}`, documents of Python's own "
+        "documentation prose), word perplexity against the bf16 original:",
         "",
-        "| run | word perplexity | change | recovery |",
-        "|---|---|---|---|",
+        "| run | documents | bf16 original | word perplexity | change | recovery | made by |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, row in rows.items():
         change = 100 * (row["quantized"] / row["original"] - 1)
-        lines.append(f"| {name} | {row['quantized']:.2f} | {change:+.1f}% | {row['recovery_pct']:.1f}% |")
+        # Current only while made from the run's current row (same checkpoint).
+        current = (runs.get(name) or {}).get("provenance", {}).get("key") == (expected.get(name) or {}).get("key")
+        made = row.get("commit") or "unknown"
+        if row.get("legacy"):
+            made += " (not re-measured)"
+        elif not (current and row.get("key", "").startswith(expected[name]["key"])):
+            made += " (stale: its checkpoint's code changed since; not re-measured)"
+        lines.append(
+            f"| {name} | {row.get('limit') or '?'} | {row['original']:.2f} | {row['quantized']:.2f} | {change:+.1f}% | "
+            f"{row['recovery_pct']:.1f}% | {made} |"
+        )
     return lines
 
 
 def _change(row: dict, reference: dict) -> float:
-    return 100 * (row["ppl"] / reference["ppl"] - 1)
+    return 100 * (row["ppl"] / row.get("reference_ppl", reference["ppl"]) - 1)
 
 
-# notes/feasibility.md: llmcompressor alone on SmolLM2-135M, 64 x 512 Jargon File windows, 20 other
-# evaluation windows (not recoverable: the notes do not say which), perplexity change.
-NOTES_PLAIN = {
-    "plain-gptq-g64": 27.0,
-    "plain-w8a8-sq-gptq": 1.2,
-    "plain-fp8": 2.7,
-    "plain-fp8-dynamic": 2.6,
-}
+def current_rows(runs: dict, expected) -> dict:
+    """The rows made by the code as it is (their key matches)."""
+    return {
+        name: row
+        for name, row in runs.items()
+        if "ppl" in row and (row.get("provenance") or {}).get("key") == (expected.get(name) or {}).get("key")
+    }
 
 
-def verdicts(runs: dict, reference: dict) -> list[str]:
-    """The goals of issues 7 and 10, each with the figure that decides it."""
-    done = {name: row for name, row in runs.items() if "ppl" in row}
+def verdicts(done: dict, reference: dict) -> list[str]:
+    """The goals of issues 7 and 10, each with the figure that decides it (``done``: the rows)."""
     lines = []
 
     def goal(text: str, names: list[str], limit: float) -> None:
@@ -551,7 +716,7 @@ def verdicts(runs: dict, reference: dict) -> list[str]:
         kl = f"KL {done[ours_name]['kl']:.4f} vs {done[plain]['kl']:.4f}"
         lines.append(
             f"- {ours_name} against llmcompressor alone on the same windows ({plain} {theirs:+.2f}%): "
-            f"{ours:+.2f}% ({verdict}; {kl}; the notes measured {NOTES_PLAIN[plain]:+.1f}% on their own windows)"
+            f"{ours:+.2f}% ({verdict}; {kl})"
         )
         chat = plain + "-chat"
         if chat in done:
@@ -564,8 +729,10 @@ def verdicts(runs: dict, reference: dict) -> list[str]:
     return lines
 
 
-def results_section(saved: dict, wall_note: str) -> str:
+def results_section(saved: dict, wall_note: str, expected) -> str:
     settings, reference = saved["settings"], saved["reference"]
+    current = current_rows(saved["runs"], expected)
+    kept = [name for name, row in saved["runs"].items() if "ppl" in row and name not in current]
     cost = (saved.get("sensitivity") or {}).get("cost") or {}
     fisher = (saved.get("sensitivity_fisher") or {}).get("cost") or {}
     lines = [
@@ -578,13 +745,19 @@ def results_section(saved: dict, wall_note: str) -> str:
         "the same windows. quantkit runs calibrate on the windows as chat turns (as a calibration set holds "
         "them); llmcompressor alone (the plain-* rows) on the raw windows.",
         "",
-        markdown(saved["runs"], reference),
+        "\"made by\": the git commit of the code that measured the row (\"+\": with local changes). A row is "
+        "re-measured when quantkit's source, the recipe, this bench's measuring code or a library version changes; "
+        "rows marked \"not re-measured\" or \"stale\" were made by the commit they name and have not been measured "
+        "with the code as it is"
+        + (f" ({', '.join(kept)})." if kept else "."),
         "",
-        *harness_table(saved.get("harness") or {}),
+        markdown(saved["runs"], reference, expected),
         "",
-        "Goals:",
+        *harness_table(saved.get("harness") or {}, saved["runs"], expected),
         "",
-        *verdicts(saved["runs"], reference),
+        "Goals (from the current rows only):",
+        "",
+        *(verdicts(current, reference) or ["- none: no row is current"]),
     ]
     if cost:
         lines += [
@@ -620,6 +793,12 @@ def main() -> None:
         help="documents of the harness perplexity task per checkpoint (0: skip `quantkit eval`)",
     )
     parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="the JSON record of every run (default WORK/results.json; make bench: bench/real_weights.json)",
+    )
+    parser.add_argument(
         "--write-results",
         type=Path,
         default=None,
@@ -630,7 +809,21 @@ def main() -> None:
         action="store_true",
         help="exit 0 with a message when the Jargon File is not installed (make bench)",
     )
+    parser.add_argument(
+        "--render-only",
+        action="store_true",
+        help="only rewrite --write-results from the stored rows of --results (nothing is measured)",
+    )
     args = parser.parse_args()
+    if args.render_only:
+        from _shared import REAL_WEIGHTS_HEADING, replace_section
+
+        saved = json.loads((args.results or args.work / "results.json").read_text())
+        keys = Keys(saved["runs"], recipe_variants(), saved["settings"], code_state())
+        note = saved.get("written") or "rendered from stored rows"
+        replace_section(args.write_results, REAL_WEIGHTS_HEADING, results_section(saved, note, keys))
+        print(f"rendered the real-weights section of {args.write_results} from stored rows")
+        return
     if args.skip_if_missing and not any(path.is_file() for path in JARGON):
         print(f"real weights: skipped: {JARGON_MISSING}")
         return
@@ -641,11 +834,11 @@ def main() -> None:
     torch.manual_seed(0)
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
-    results_path = work / "results.json"
+    results_path = args.results or work / "results.json"
     saved = json.loads(results_path.read_text()) if results_path.is_file() else {}
     settings = {"calib_samples": args.calib_samples, "eval_windows": args.eval_windows, "window": WINDOW}
-    if saved.get("settings") != settings:
-        saved = {"settings": settings, "runs": {}}
+    saved["settings"] = settings  # rows made with other settings stay, keyed (and shown) as stale
+    saved.setdefault("runs", {})
 
     from transformers import AutoTokenizer
 
@@ -665,10 +858,17 @@ def main() -> None:
     def save() -> None:
         results_path.write_text(json.dumps(saved, indent=2) + "\n")
 
+    variants = recipe_variants()
+    state = code_state()
+    expected = Keys(saved["runs"], variants, settings, state)
+    print(f"code: git {state['commit']}", flush=True)
+    from _shared import source_files
+
+    table_tag = provenance("sensitivity", {}, settings, state, source_files())["key"]
     table = None
     if KL_TABLE_RUNS & set(runs):
         clock = time.perf_counter()
-        table = measure_table(folder, adapter, tokenizer, calib, work)
+        table = measure_table(folder, adapter, tokenizer, calib, work, tag=table_tag)
         saved["sensitivity"] = {
             "cost": table.cost,
             "mode": table.mode,
@@ -678,21 +878,18 @@ def main() -> None:
         }
         print(f"sensitivity: {table.cost} ({time.perf_counter() - clock:.0f} s)", flush=True)
         save()
-    shipped = get_recipe("w4a16")
-    variants = {
-        "quantkit-w4a16": shipped,
-        "quantkit-w4a16-sym": symmetric_w4a16(),
-        "quantkit-asym-g32": shipped.model_copy(update={"name": "w4a16-g32", "group_size": 32}),
-    }
     for name in runs:
         row = saved["runs"].get(name)
-        if row and "ppl" in row:
-            print(f"{name}: cached", flush=True)
+        if row and "ppl" in row and (row.get("provenance") or {}).get("key") == expected[name]["key"]:
+            print(f"{name}: cached (made by {row['provenance']['commit']}, same code)", flush=True)
             continue
+        if row and "ppl" in row:
+            commit = (row.get("provenance") or {}).get("commit") or "unknown"
+            print(f"{name}: the stored row was made by {commit} with other code: measuring again", flush=True)
         clock = time.perf_counter()
         output = work / "checkpoints" / name
         if name == "rtn-g64-4.5-fisher":
-            fisher = measure_table(folder, adapter, tokenizer, calib, work, method="fisher")
+            fisher = measure_table(folder, adapter, tokenizer, calib, work, method="fisher", tag=table_tag)
             saved["sensitivity_fisher"] = {"cost": fisher.cost, "samples": fisher.samples}
             row = rtn_run(folder, adapter, fisher, ref, "density")
         elif name.startswith("rtn-"):
@@ -719,25 +916,30 @@ def main() -> None:
                     # -4.5: ranked inside quantize (what users get); -kl and asym-g32-4.5: the KL table
                     sensitivity=table if name in KL_TABLE_RUNS else None,
                 )
-            row = {**info, **score(load_checkpoint(output), ref)}
+            row = {**info, **stored_bits(output), **score(load_checkpoint(output), ref)}
         row["run_s"] = round(time.perf_counter() - clock, 1)
+        row["reference_ppl"] = ref.result["ppl"]
+        saved["runs"][name] = row
+        row["provenance"] = expected.made_now(name)
         saved["runs"][name] = row
         save()
         print(f"{name}: {json.dumps({k: v for k, v in row.items() if k != 'eight_bit_units'})}", flush=True)
-    print(markdown(saved["runs"], saved["reference"]))
+    asked = {name: saved["runs"][name] for name in runs if name in saved["runs"]}
+    print(markdown(asked, saved["reference"], expected))
     if args.harness_limit:
         clock = time.perf_counter()
-        saved["harness"] = harness_recovery(folder, work, saved, args.harness_limit)
+        saved["harness"] = harness_recovery(folder, work, saved, args.harness_limit, runs, expected)
         save()
-        print(
-            "\n".join(harness_table(saved["harness"])), f"({time.perf_counter() - clock:.0f} s)", flush=True
-        )
+        harness = {**saved["harness"], "rows": {n: r for n, r in saved["harness"]["rows"].items() if n in runs}}
+        print("\n".join(harness_table(harness, saved["runs"], expected)), f"({time.perf_counter() - clock:.0f} s)")
     if args.write_results:
         from _shared import REAL_WEIGHTS_HEADING, replace_section
 
         stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         note = f"{stamp}, {os.cpu_count()} cores, torch {torch.__version__}"
-        replace_section(args.write_results, REAL_WEIGHTS_HEADING, results_section(saved, note))
+        saved["written"] = note
+        save()
+        replace_section(args.write_results, REAL_WEIGHTS_HEADING, results_section(saved, note, expected))
         print(f"wrote the real-weights section of {args.write_results}")
 
 

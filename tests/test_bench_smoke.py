@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -72,3 +73,82 @@ def test_results_sections_are_replaced_in_place(tmp_path):
     assert read_section(results, "## Real weights") == "| run | ppl |\n|---|---|\n| w4a16 | 46.98 |"
     replace_section(results, "## Sizes", "0.258x")  # a section not there yet is appended
     assert read_section(results, "## Sizes") == "0.258x" and read_section(results, "## GPU") == "skipped"
+
+
+def bench_module(name: str):
+    sys.path.insert(0, str(BENCH))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_source_hash_follows_the_files_that_made_a_row(tmp_path):
+    """A cached real-weights row is keyed by the quantkit files its process had loaded: a change
+    to one of them changes the key, a change elsewhere (or to documentation) does not."""
+    shared = bench_module("_shared")
+    for folder in shared.SOURCE_DIRS:
+        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    used = ["quantkit/quantize/run.py", "recipes/w4a16.yaml"]
+    before, whole = shared.source_hash(tmp_path, used), shared.source_hash(tmp_path)
+    (tmp_path / "quantkit" / "NOTES.md").write_text("prose only\n")
+    audit = tmp_path / "quantkit" / "verify" / "audit.py"
+    audit.write_text(audit.read_text() + "\n# a change outside the quantize path\n")
+    assert shared.source_hash(tmp_path, used) == before and shared.source_hash(tmp_path) != whole
+    run = tmp_path / "quantkit" / "quantize" / "run.py"
+    run.write_text(run.read_text() + "\n# a change to the quantize path\n")
+    assert shared.source_hash(tmp_path, used) != before
+
+    import quantkit.quantize  # noqa: F401 - loaded, so it made whatever this process measures
+
+    loaded = shared.loaded_sources()
+    assert "quantkit/quantize/run.py" in loaded and "recipes/w4a16.yaml" in loaded
+    assert set(loaded) <= set(shared.source_files())
+
+
+def test_rows_name_their_commit_and_stale_rows_say_so():
+    mp = bench_module("mixed_precision")
+    state = {"bench": "b" * 64, "versions": {"torch": "1"}, "commit": "1234567"}
+    changed = {**state, "bench": "c" * 64, "commit": "89abcde"}
+    settings = {"calib_samples": 2, "eval_windows": 2, "window": 512}
+    spec, files = {"run": "rtn-g64"}, ["quantkit/quantize/run.py"]
+    made = mp.provenance("rtn-g64", spec, settings, state, files)
+    now = mp.provenance("rtn-g64", spec, settings, changed, files)
+    assert made["key"] != now["key"]
+    assert made["key"] == mp.provenance("rtn-g64", spec, settings, state, files)["key"]
+    assert made["key"] != mp.provenance("rtn-g64", spec, settings, state, None)["key"]
+    row = {"ppl": 40.0, "kl": 0.5, "top1": 0.6, "reference_ppl": 36.0, "provenance": made}
+    legacy = {**row, "provenance": {"commit": "1679748 or earlier", "legacy": True}}
+    assert mp.made_by(row, made) == "1234567"
+    assert mp.made_by(row, now).startswith("1234567 (stale")
+    assert mp.made_by(legacy, now) == "1679748 or earlier (not re-measured)"
+    saved = {
+        "settings": settings,
+        "reference": {"ppl": 36.0, "tokens": 10},
+        "runs": {"rtn-g64": row, "quantkit-w4a16": legacy},
+    }
+    expected = {"rtn-g64": made, "quantkit-w4a16": now}
+    section = mp.results_section(saved, "test", expected)
+    assert "| rtn-g64 | - | - | 40.00 | +11.1% | 0.500 | 0.600 | seconds | 1234567 |" in section
+    assert "1679748 or earlier (not re-measured)" in section
+    assert mp.current_rows(saved["runs"], expected) == {"rtn-g64": row}
+
+
+def test_stored_bits_are_read_from_the_checkpoint(zoo_model, tmp_path):
+    """The bench's "avg bits / with scales" come from the tensors a checkpoint stores: FP8 with a
+    16-bit scale per output channel is 8 + 16 / in_features bits per weight."""
+    import torch
+
+    from quantkit.models import adapter_for
+    from quantkit.quantize import quantize
+    from quantkit.recipes import get_recipe
+
+    mp = bench_module("mixed_precision")
+    source = zoo_model("tiny-qwen3")
+    result = quantize(source, tmp_path / "fp8d", get_recipe("fp8-dynamic"), [], progress=False)
+    model = adapter_for(source).load_model(source, dtype=torch.bfloat16)
+    shapes = [model.get_submodule(name).weight.shape for name in result.quantized_modules]
+    count = sum(o * i for o, i in shapes)
+    expected = (8 * count + 16 * sum(o for o, _ in shapes)) / count
+    bits = mp.stored_bits(result.output)
+    assert bits["avg_bits"] == 8.0 and abs(bits["effective_bits"] - expected) < 1e-3, bits

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from quantkit.cli import app
 from quantkit.verify import DriftThresholds, audit_checkpoint, verify_checkpoint
-from quantkit.verify.vllm_check import classify_failure, vllm_python
+from quantkit.verify.vllm_check import classify_failure, shipped_schemes, vllm_python
 
 runner = CliRunner()
 
@@ -158,32 +158,86 @@ def test_drift_per_modality_and_task_and_threshold_breach(zoo_model, demo_pool, 
     assert any(b.startswith("modality ") and "KL" in b for b in judged.drift.breaches)
 
 
-def test_classify_missing_kernel_as_skipped_and_other_errors_as_failed():
+def test_only_known_kernel_messages_are_skips():
+    """vLLM's own "no kernel here" messages (stub ops, absent ops, kernel selection) read as
+    skipped; anything else, a NotImplementedError included, is a failure."""
     absent = {
         "stage": "generate",
         "error_type": "AttributeError",
         "message": "'_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'",
     }
-    assert classify_failure(absent)[0] == "skipped"
+    assert classify_failure(absent, ["W4A16_ASYM"])[0] == "skipped"
     stub = {
         "stage": "load",
         "error_type": "RuntimeError",
         "message": "_C::static_scaled_fp8_quant() expected at most 0 argument(s) but received 4 argument(s). "
         "Declaration: _C::static_scaled_fp8_quant() -> ()",
     }
-    assert classify_failure(stub)[0] == "skipped"
-    assert (
-        classify_failure({"stage": "load", "error_type": "NotImplementedError", "message": "x"})[0]
-        == "skipped"
-    )
+    status, reason = classify_failure(stub, ["FP8"])
+    assert status == "skipped" and "no kernel for FP8" in reason and "static_scaled_fp8_quant" in reason
+    selection = {
+        "stage": "load",
+        "error_type": "ValueError",
+        "message": "Failed to find a kernel that can implement the WNA16 linear layer. Reasons: \n"
+        "CPUWNA16 ... Quant type (uint8b128) not supported by CPUWNA16",
+    }
+    assert classify_failure(selection, ["W4A16_ASYM", "W8A16"])[0] == "skipped"
+    # The same words for a scheme quantkit does not ship mean the export is wrong, not the CPU.
+    assert classify_failure(selection, None)[0] == "failed"
+    unmatched = {
+        "stage": "load",
+        "error_type": "NotImplementedError",
+        "message": "No compressed-tensors compatible scheme was found for layer_name='x'",
+    }
+    assert classify_failure(unmatched, ["FP8_DYNAMIC"])[0] == "skipped"
+    assert classify_failure(unmatched, None)[0] == "failed"
+    for message in ("x", "Unsupported activation scheme", "not implemented for 'Half'"):
+        answer = {"stage": "load", "error_type": "NotImplementedError", "message": message}
+        assert classify_failure(answer, ["FP8"])[0] == "failed", message
     shape = {"stage": "generate", "error_type": "RuntimeError", "message": "mat1 must be a 2D tensor"}
-    assert classify_failure(shape)[0] == "failed"
+    assert classify_failure(shape, ["W8A8"])[0] == "failed"
     broken = {
         "stage": "load",
         "error_type": "KeyError",
         "message": "model.layers.0.mlp.down_proj.weight_scale",
     }
-    assert classify_failure(broken)[0] == "failed"
+    assert classify_failure(broken, ["W8A8"])[0] == "failed"
+
+
+def test_shipped_schemes_names_every_recipe_and_nothing_else(fp8_checkpoint):
+    config = json.loads((fp8_checkpoint / "config.json").read_text())["quantization_config"]
+    assert shipped_schemes(config) == ["FP8_DYNAMIC"]
+    group = config["config_groups"]["group_0"]
+    group["weights"]["num_bits"] = 4  # FP4 per-channel weights: no recipe writes them
+    assert shipped_schemes(config) is None
+    from quantkit.quantize.mixed import high_scheme  # the 8-bit layers of --avg-bits: per channel
+
+    promoted = {"config_groups": {"group_0": high_scheme("W8A16", ["Linear"]).model_dump(mode="json")}}
+    assert shipped_schemes(promoted) == ["W8A16"]
+
+
+def served_or_skip(result):
+    """A check vLLM could not run here is a skipped test (with vLLM's reason), never a pass."""
+    if result.status == "skipped":
+        pytest.skip(result.reason)
+    assert result.status == "passed", result.reason
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(vllm_python() is None, reason="no vLLM environment (make vllm-env)")
+def test_vllm_fails_a_scheme_no_one_implements(fp8_checkpoint, tmp_path):
+    """A checkpoint whose quantization_config names 2-bit int per-channel weights with FP8
+    per-token activations: no vLLM scheme implements that on any platform (a NotImplementedError
+    at load), and quantkit must report it as a failure, not as a missing kernel."""
+    from quantkit.verify.vllm_check import check_with_vllm
+
+    checkpoint = copy_of(fp8_checkpoint, tmp_path)
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["quantization_config"]["config_groups"]["group_0"]["weights"].update(num_bits=2, type="int")
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    result = check_with_vllm(checkpoint)
+    assert result.status == "failed", result.reason
+    assert "load failed: NotImplementedError" in result.reason
 
 
 @pytest.mark.slow
@@ -247,8 +301,8 @@ def omni_set(zoo_model, demo_pool, tmp_path_factory) -> Path:
 @pytest.mark.parametrize("recipe_name", ["fp8-dynamic", "w8a8-sq-gptq", "w4a16", "fp8"])
 def test_vllm_runs_every_recipe_on_the_omni_thinker(recipe_name, zoo_model, omni_set, tmp_path):
     """vLLM loads each recipe's Omni checkpoint (serving layout) and generates for text, image and
-    audio prompts in agreement with transformers; a scheme without a CPU kernel here is skipped,
-    with the reason, never passed."""
+    audio prompts in agreement with transformers; a scheme without a kernel on this machine is a
+    skipped test with vLLM's reason, never a pass."""
     from quantkit.quantize import quantize
     from quantkit.quantize.calibration_set import samples_from_set
     from quantkit.recipes import resolve_recipe
@@ -260,11 +314,8 @@ def test_vllm_runs_every_recipe_on_the_omni_thinker(recipe_name, zoo_model, omni
     out = tmp_path / recipe_name
     quantize(source, out, recipe, drawn.samples, sample_labels=drawn.labels, progress=False)
     result = check_with_vllm(out)
-    assert result.status in ("passed", "skipped"), result.reason
     if recipe_name in ("fp8-dynamic", "w8a8-sq-gptq"):  # both have CPU kernels on AVX2 and AVX-512
         assert result.status == "passed", result.reason
-    if result.status == "passed":
-        assert {p.name for p in result.prompts} == {"text", "image", "audio"}
-        assert all(p.agrees for p in result.prompts)
-    else:
-        assert "no kernel" in result.reason
+    served_or_skip(result)  # static FP8 (a stub op on CPU), W4A16 (AVX-512 only): skipped with why
+    assert {p.name for p in result.prompts} == {"text", "image", "audio"}
+    assert all(p.agrees for p in result.prompts)

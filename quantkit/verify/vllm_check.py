@@ -23,16 +23,116 @@ from quantkit.models.inputs import Sample, processor_capabilities, processor_inp
 WORKER = Path(__file__).with_name("vllm_worker.py")
 REPO_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
 
-# Errors raised where a backend lacks a kernel for a scheme, rather than where a checkpoint is
-# broken: vLLM's CPU build calls ops its C extension does not provide (AttributeError on
-# torch.ops._C / _C has no ...), or raises NotImplementedError / "not supported".
-_MISSING_KERNEL_MARKERS = (
-    "has no attribute",
-    "not implemented",
-    "notimplemented",
-    "not supported",
-    "unsupported",
+
+@dataclass(frozen=True)
+class KernelMessage:
+    """A message vLLM raises where its local build has no kernel for a scheme, and where in vLLM
+    (0.32, the CPU wheel in requirements-vllm.lock) it comes from."""
+
+    pattern: str  # a regular expression, searched in the error's whole message
+    source: str
+    # Only a missing kernel when the checkpoint's scheme is one quantkit ships for a GPU target
+    # (vLLM serves it there): for any other scheme the same words mean the export is wrong.
+    shipped_scheme_only: bool = False
+
+
+# The known "no kernel here" messages. Anything else a load or a generation raises, a
+# NotImplementedError included, is a failure.
+MISSING_KERNEL_MESSAGES = (
+    KernelMessage(
+        r"_C::\w+\(\) -> \(\)",
+        "vLLM's CPU C extension registers some CUDA-only ops as argument-less stubs "
+        "(static_scaled_fp8_quant: vllm/_custom_ops.py calls it for static FP8 input scales)",
+    ),
+    KernelMessage(
+        r"'_OpNamespace' '_C' object has no attribute '\w+'",
+        "an op the CPU C extension was built without (cpu_gemm_wna16 without AVX-512), called "
+        "from vllm/_custom_ops.py by vllm/model_executor/kernels/linear/mixed_precision/cpu.py",
+    ),
+    KernelMessage(
+        r"Failed to find a kernel that can implement the \w+ linear layer",
+        "vllm/model_executor/kernels/linear/__init__.py (choose_scaled_mm_linear_kernel, "
+        "choose_mp_linear_kernel): no kernel of this platform accepts the layer",
+        shipped_scheme_only=True,
+    ),
+    KernelMessage(
+        r"requires AMX tile support",
+        "vllm/model_executor/kernels/linear/scaled_mm/cpu.py (the CPU FP8 / int8 scaled-mm kernels)",
+        shipped_scheme_only=True,
+    ),
+    KernelMessage(
+        r"Marlin(?: \w+)? (?:only supported on CUDA|not available)",
+        "vllm/model_executor/kernels/linear/mixed_precision/marlin.py, .../nvfp4/marlin.py",
+        shipped_scheme_only=True,
+    ),
+    KernelMessage(
+        r"No compressed-tensors compatible scheme was found",
+        "vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors.py "
+        "(_get_scheme_from_parts: no scheme class of this platform takes the arguments)",
+        shipped_scheme_only=True,
+    ),
 )
+
+# compressed-tensors presets quantkit's recipes write, each served by vLLM on the GPUs its recipe
+# targets (recipes/targets.yaml); plus the 8-bit layers of a W4A16 recipe (quantkit's own
+# per-channel W8A16 / W8A8: quantkit.quantize.mixed.high_scheme).
+SHIPPED_PRESETS = ("W8A8", "W4A16", "W4A16_ASYM", "FP8", "FP8_DYNAMIC")
+SHIPPED_PROMOTED = ("W8A16", "W8A8")
+_ARG_FIELDS = ("num_bits", "type", "strategy", "symmetric", "dynamic")
+
+
+def _signature(args: dict | None) -> tuple | None:
+    return None if not args else tuple(args.get(key) for key in _ARG_FIELDS)
+
+
+def shipped_schemes(quantization_config: dict) -> list[str] | None:
+    """The shipped preset each config group of a checkpoint is, or None when any group is not
+    one (other bit widths, types or strategies, or a group size no recipe picks)."""
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    from quantkit.quantize.mixed import high_scheme
+
+    schemes = [(name, preset_name_to_scheme(name, ["Linear"])) for name in SHIPPED_PRESETS]
+    schemes += [(name, high_scheme(name, ["Linear"])) for name in SHIPPED_PROMOTED]
+    presets = {}
+    for name, scheme in schemes:
+        dumped = scheme.model_dump(mode="json")
+        presets.setdefault((_signature(dumped["weights"]), _signature(dumped["input_activations"])), name)
+    groups = (quantization_config or {}).get("config_groups") or {}
+    found = []
+    for group in groups.values():
+        weights = group.get("weights") or {}
+        name = presets.get((_signature(weights), _signature(group.get("input_activations"))))
+        if name is None or weights.get("group_size") not in (None, 32, 64, 128):
+            return None
+        found.append(name)
+    return found or None
+
+
+def missing_kernel(message: str, schemes: list[str] | None) -> KernelMessage | None:
+    """The known kernel message ``message`` carries, if any; those that vLLM also raises for
+    schemes no one serves count only when ``schemes`` (the checkpoint's shipped presets) is set."""
+    for known in MISSING_KERNEL_MESSAGES:
+        if (schemes or not known.shipped_scheme_only) and re.search(known.pattern, message):
+            return known
+    return None
+
+
+def classify_failure(answer: dict, schemes: list[str] | None) -> tuple[str, str]:
+    """('skipped', why) when the error is a known "no kernel on this backend" message (for a
+    scheme vLLM serves elsewhere); else ('failed', why). ``schemes``: shipped_schemes(config)."""
+    message = str(answer.get("message"))
+    # One line: vLLM lists the reason of each refused kernel on the lines after the first.
+    flat = " ".join(line.strip() for line in message.splitlines() if line.strip())
+    detail = f"{answer.get('error_type')}: {flat[:600]}{' ...' if len(flat) > 600 else ''}"
+    known = missing_kernel(message, schemes)
+    if known is None:
+        return "failed", f"vLLM {answer.get('stage')} failed: {detail}"
+    scheme = "/".join(sorted(set(schemes))) if schemes else "this scheme"
+    return (
+        "skipped",
+        f"vLLM's local backend has no kernel for {scheme} ({answer.get('stage')}): {detail}",
+    )
 
 
 def vllm_python() -> Path | None:
@@ -109,30 +209,6 @@ def _render(processor, sample: Sample) -> str:
     return owner.apply_chat_template(
         chat_messages(sample.messages), add_generation_prompt=True, tokenize=False
     )
-
-
-def missing_kernel(error_type: str | None, message: str) -> bool:
-    """Whether an error says the backend has no kernel for an op, rather than that the
-    checkpoint is broken. vLLM's CPU build shows it three ways: the op is absent from its C
-    extension (``'_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'``), the op is
-    registered as an argument-less stub (``Declaration: _C::static_scaled_fp8_quant() -> ()``),
-    or Python raises NotImplementedError."""
-    if error_type == "NotImplementedError":
-        return True
-    if re.search(r"_C::\w+\(\) -> \(\)", message):
-        return True
-    return "'_c' object has no attribute" in message.lower()
-
-
-def classify_failure(answer: dict) -> tuple[str, str]:
-    """('skipped', why) when the local backend lacks a kernel for the scheme; else ('failed', why)."""
-    message = f"{answer.get('error_type')}: {answer.get('message')}"
-    if missing_kernel(answer.get("error_type"), str(answer.get("message"))):
-        return (
-            "skipped",
-            f"vLLM's local backend has no kernel for this scheme ({answer.get('stage')}): {message}",
-        )
-    return "failed", f"vLLM {answer.get('stage')} failed: {message}"
 
 
 def _transformers_side(
@@ -247,7 +323,8 @@ def check_with_vllm(
             return VllmCheck(str(checkpoint), "failed", f"the vLLM worker died without an answer:\n{tail}")
         answer = json.loads(answer_path.read_text())
         if answer["status"] != "ok":
-            status, reason = classify_failure(answer)
+            config = json.loads((checkpoint / "config.json").read_text())
+            status, reason = classify_failure(answer, shipped_schemes(config.get("quantization_config")))
             return VllmCheck(str(checkpoint), status, reason, seconds=round(time.time() - started, 1))
         comparisons = _transformers_side(checkpoint, samples, answer["outputs"], margin)
     failed = [c.name for c in comparisons if not c.agrees]

@@ -48,7 +48,8 @@ def _failure(stage: str, error: BaseException) -> dict:
         "status": "error",
         "stage": stage,
         "error_type": type(error).__name__,
-        "message": str(error).strip().splitlines()[0][:500] if str(error).strip() else type(error).__name__,
+        # The whole message: vLLM lists why each kernel was refused on the lines after the first.
+        "message": str(error).strip()[:4000] or type(error).__name__,
         "traceback": traceback.format_exc()[-4000:],
     }
 
