@@ -15,7 +15,9 @@ THRESHOLDS = DriftThresholds(max_kl=0.05, min_top1=0.9, min_cosine=0.99)
 
 
 def _sample(i: int, modality: str, task: str, top1: float, positions: int = 40) -> SampleDrift:
-    return SampleDrift(f"s{i}", task, modality, positions, kl=0.001, top1=top1, cosine=0.999, greedy_prefix=1.0)
+    return SampleDrift(
+        f"s{i}", task, modality, positions, kl=0.001, top1=top1, cosine=0.999, greedy_prefix=1.0
+    )
 
 
 def _report(samples: list[SampleDrift]) -> DriftReport:

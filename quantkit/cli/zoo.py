@@ -15,13 +15,13 @@ app = typer.Typer(help="Tiny random-weight models of the supported architectures
 @app.command("list")
 def list_models() -> None:
     """List the tiny models `zoo build` can write."""
-    from quantkit.zoo.models import ZOO
+    from quantkit.zoo.models import TRAINED, ZOO
 
     table = Table()
     table.add_column("name", no_wrap=True)
     for header in ("architecture", "inputs", "description"):
         table.add_column(header)
-    for entry in ZOO.values():
+    for entry in (*ZOO.values(), *TRAINED.values()):
         table.add_row(
             entry.name, entry.architecture, ", ".join(("text", *entry.modalities)), entry.description
         )
@@ -34,6 +34,10 @@ def build(
     output: OutputDir,
     seed: Seed = 0,
     force: Force = False,
+    steps: Annotated[
+        int | None,
+        typer.Option(help="tiny-omni-skills only: training steps (default: those of the committed weights)."),
+    ] = None,
 ) -> None:
     """Write a tiny model folder (config, bf16 safetensors, tokenizer, processor) that
     `AutoProcessor.from_pretrained` and `AutoModel*.from_pretrained` load.
@@ -42,7 +46,7 @@ def build(
     """
     from quantkit.zoo.models import build_zoo_model
 
-    path = build_zoo_model(name, output, seed=seed, force=force)
+    path = build_zoo_model(name, output, seed=seed, force=force, steps=steps, log=console.print)
     console.print(f"wrote {name} to {path}")
 
 
