@@ -55,12 +55,20 @@ def demo_pool(
     per_task: Annotated[int, typer.Option(help="Samples per task and modality combination.")] = 12,
     seed: Seed = 0,
     force: Force = False,
+    skills: Annotated[
+        bool, typer.Option("--skills", help="Write tiny-omni-skills' tasks instead (skills.json's tasks).")
+    ] = False,
 ) -> None:
     """Write the built-in demo pool: a JSONL in the ms-swift / LLaMA-Factory format with real
     image, video and audio files made on the spot, covering every task family.
 
     Example: quantkit demo-pool --output demo/pool && quantkit calibrate demo/pool/pool.jsonl ...
     """
+    if skills:
+        from quantkit.zoo.skills_tasks import write_skills_pool
+
+        console.print(f"wrote {write_skills_pool(output, per_task=per_task, seed=seed + 7, force=force)}")
+        return
     from quantkit.zoo.demo_pool import write_demo_pool
 
     summary = write_demo_pool(output, per_task=per_task, seed=seed, force=force)

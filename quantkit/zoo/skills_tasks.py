@@ -298,3 +298,50 @@ def _example(task: Task) -> dict:
 
 def template_fields(template: str) -> list[str]:
     return re.findall(r"{(\w+)}", template)
+
+
+# ---------------------------------------------------------------------------------------------- pool
+
+
+def write_skills_pool(output, *, per_task: int = 16, seed: int = 7, force: bool = False):
+    """``output/pool.jsonl`` + media in the ms-swift / LLaMA-Factory shape: ``per_task`` items of
+    every skills task (PNG, MP4 at 2 fps, 16-bit WAV), each record's ``task`` its taxonomy family,
+    so that ``quantkit calibrate`` can draw calibration sets from what the model was trained on."""
+    import json
+    from pathlib import Path
+
+    from quantkit.errors import InputError
+    from quantkit.fsutil import atomic_output_dir
+    from quantkit.zoo import media
+
+    if per_task < 1:
+        raise InputError(f"--per-task must be at least 1, got {per_task}")
+    output = Path(output)
+    with (
+        atomic_output_dir(output, force=force) as staging,
+        open(staging / "pool.jsonl", "w", encoding="utf-8", newline="\n") as jsonl,
+    ):
+        for task in TASKS:
+            for index, item in enumerate(make_items(task.name, per_task, seed=seed)):
+                record_id = f"{task.name}-{index:04d}"
+                files: dict[str, list[str]] = {"images": [], "videos": [], "audios": []}
+                for k, image in enumerate(item.images):
+                    files["images"].append(f"media/{record_id}-{k}.png")
+                    media.save_image(image, staging / files["images"][-1])
+                for k, frames in enumerate(item.videos):
+                    files["videos"].append(f"media/{record_id}-v{k}.mp4")
+                    size = (frames.shape[2], frames.shape[1])
+                    media.write_mp4(staging / files["videos"][-1], iter(frames), size, VIDEO_FPS)
+                for k, audio in enumerate(item.audios):
+                    files["audios"].append(f"media/{record_id}-a{k}.wav")
+                    media.write_wav(staging / files["audios"][-1], audio, SAMPLE_RATE)
+                user = (
+                    "<image>" * len(item.images) + "<video>" * len(item.videos) + "<audio>" * len(item.audios)
+                )
+                messages = [
+                    {"role": "user", "content": user + item.prompt},
+                    {"role": "assistant", "content": item.answer},
+                ]
+                record = {"id": record_id, "task": task.family, "messages": messages, **files}
+                jsonl.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return output / "pool.jsonl"
