@@ -126,13 +126,13 @@ def read_skills(model_dir: Path) -> dict:
 
 
 def _load(model_dir: Path):
-    import torch
-
     from quantkit.models.adapters import adapter_for
+    from quantkit.quantize.run import saved_dtype
 
     adapter = adapter_for(model_dir)
     try:
-        model = adapter.load_model(model_dir, dtype=torch.float32)
+        # In the saved dtype, as verify's drift does: some reloaded quantized models fail in float32.
+        model = adapter.load_model(model_dir, dtype=saved_dtype(model_dir))
         processor = adapter.load_processor(model_dir)
     except Exception as err:
         raise InputError(f"could not load the model: {type(err).__name__}: {err}", path=model_dir) from None
