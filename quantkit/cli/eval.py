@@ -32,7 +32,8 @@ def eval_command(
             "-t",
             help="Harness task, group or tag names, comma-separated or repeated. Offline: "
             "quantkit_prose (all three), quantkit_prose_ppl, quantkit_prose_next_sentence, "
-            "quantkit_prose_last_word, or your own YAMLs via --include-path.",
+            "quantkit_prose_last_word, or your own YAMLs via --include-path. `skills` alone: per-task "
+            "accuracy of tiny-omni-skills (its skills.json), --limit items per task (default 32).",
             show_default=False,
         ),
     ],
@@ -79,6 +80,9 @@ def eval_command(
 
         quantkit eval models/base out/base-fp8 out/base-w8a8 --tasks quantkit_prose
     """
+    if [t for spec in tasks for t in spec.split(",")] == ["skills"]:
+        _skills(original, checkpoints, limit=limit, max_loss=max_loss)
+        return
     from quantkit.eval import evaluate_checkpoints
 
     report = evaluate_checkpoints(
@@ -100,6 +104,35 @@ def eval_command(
             f"loss beyond {report.max_loss}% (or no result) on {names}",
             hint="see the table above and eval.json",
         )
+
+
+def _skills(original: Path, checkpoints: list[Path], *, limit: int | None, max_loss: float) -> None:
+    """--tasks skills: per-task accuracy of a tiny-omni-skills model (quantkit.eval.skills)."""
+    from quantkit.eval.skills import evaluate_skills
+
+    report = evaluate_skills(
+        original,
+        checkpoints,
+        items=limit or 32,
+        max_loss=max_loss,
+        log=lambda message: err_console.print(f"[dim]scored {message}[/]"),
+    )
+    columns = ["group", "task", "metric", "original"]
+    for index, result in enumerate(report.checkpoints, 1):
+        columns += [f"#{index} {Path(result.model_dir).name}", "recovery"]
+    table = Table(*columns, title=f"Per-task accuracy, {report.items} held-out items per task (allowed loss {max_loss}%)")
+    for row in report.rows():
+        cells = [row["group"], row["task"], row["metric"], f"{row['original']:.3f}"]
+        for cell in row["checkpoints"]:
+            rec = cell["recovery_pct"]
+            ok = rec is None or rec >= 100.0 - max_loss
+            colour = "green" if ok else "red"
+            cells += [f"{cell['score']:.3f}", f"[{colour}]{'n/a' if rec is None else f'{rec:.1f}%'}[/]"]
+        table.add_row(*cells)
+    console.print(table)
+    if not report.passed:
+        names = ", ".join(c.model_dir for c in report.checkpoints if not report.within(c))
+        raise CheckFailed(f"a task lost more than {max_loss}% on {names}", hint="see the table above and eval.json")
 
 
 def _fmt(value: float | None) -> str:

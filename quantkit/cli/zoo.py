@@ -18,13 +18,13 @@ app = typer.Typer(
 @app.command("list")
 def list_models() -> None:
     """List the tiny models `zoo build` can write."""
-    from quantkit.zoo.models import ZOO
+    from quantkit.zoo.models import TRAINED, ZOO
 
     table = Table()
     table.add_column("name", no_wrap=True)
     for header in ("architecture", "inputs", "description"):
         table.add_column(header)
-    for entry in ZOO.values():
+    for entry in (*ZOO.values(), *TRAINED.values()):
         table.add_row(
             entry.name, entry.architecture, ", ".join(("text", *entry.modalities)), entry.description
         )
@@ -37,6 +37,10 @@ def build(
     output: OutputDir,
     seed: Seed = 0,
     force: Force = False,
+    steps: Annotated[
+        int | None,
+        typer.Option(help="tiny-omni-skills only: training steps (default: those of the committed weights)."),
+    ] = None,
 ) -> None:
     """Write a tiny model folder (config, bf16 safetensors, tokenizer, processor) that
     `AutoProcessor.from_pretrained` and `AutoModel*.from_pretrained` load.
@@ -47,7 +51,7 @@ def build(
     """
     from quantkit.zoo.models import build_zoo_model
 
-    path = build_zoo_model(name, output, seed=seed, force=force)
+    path = build_zoo_model(name, output, seed=seed, force=force, steps=steps, log=console.print)
     console.print(f"wrote {name} to {path}")
 
 
@@ -56,6 +60,9 @@ def demo_pool(
     per_task: Annotated[int, typer.Option(help="Samples per task and modality combination.")] = 12,
     seed: Seed = 0,
     force: Force = False,
+    skills: Annotated[
+        bool, typer.Option("--skills", help="Write tiny-omni-skills' tasks instead (skills.json's tasks).")
+    ] = False,
 ) -> None:
     """Write the built-in demo pool: a JSONL in the ms-swift / LLaMA-Factory format with real
     image, video and audio files made on the spot, covering every task family.
@@ -65,6 +72,11 @@ def demo_pool(
         quantkit demo-pool --output demo/pool
         quantkit calibrate demo/pool/pool.jsonl --output demo/calib
     """
+    if skills:
+        from quantkit.zoo.skills_tasks import write_skills_pool
+
+        console.print(f"wrote {write_skills_pool(output, per_task=per_task, seed=seed + 7, force=force)}")
+        return
     from quantkit.zoo.demo_pool import write_demo_pool
 
     summary = write_demo_pool(output, per_task=per_task, seed=seed, force=force)

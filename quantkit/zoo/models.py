@@ -360,14 +360,36 @@ ZOO: dict[str, ZooModel] = {
 }
 
 
-def build_zoo_model(name: str, output: Path, *, seed: int = 0, force: bool = False) -> Path:
+# Trained models: the same architectures with weights that know synthetic tasks (quantkit.zoo.skills).
+# Kept apart from ZOO, whose models the test matrix builds from every seed.
+TRAINED: dict[str, ZooModel] = {
+    "tiny-omni-skills": ZooModel(
+        "tiny-omni-skills",
+        "Qwen2_5OmniThinkerForConditionalGeneration",
+        ("image", "video", "audio"),
+        "qwen-omni",
+        _build_qwen2_5_omni,
+        "tiny-qwen2.5-omni trained on synthetic tasks with exact answers (skills.json beside it)",
+    )
+}
+
+
+def build_zoo_model(
+    name: str, output: Path, *, seed: int = 0, force: bool = False, steps: int | None = None, log=None
+) -> Path:
     """Write the tiny model ``name`` to ``output`` and return its path.
 
     The same seed gives byte-identical weights. Weights are stored in bfloat16, as real
-    checkpoints are.
+    checkpoints are. ``tiny-omni-skills`` is restored from its committed weights when its inputs
+    are unchanged, else trained for ``steps`` steps (quantkit.zoo.skills).
     """
+    if name in TRAINED:
+        from quantkit.zoo.skills import build_skills_model
+
+        return build_skills_model(Path(output), seed=seed, steps=steps, force=force, log=log)
     if name not in ZOO:
-        raise InputError(f"unknown zoo model {name!r}", hint=f"choose one of: {', '.join(ZOO)}")
+        names = ", ".join([*ZOO, *TRAINED])
+        raise InputError(f"unknown zoo model {name!r}", hint=f"choose one of: {names}")
     entry = ZOO[name]
     tokenizer = build_tokenizer(spec_for(entry.tokenizer_family, VOCAB_SIZE))
     torch.manual_seed(seed)
