@@ -110,7 +110,7 @@ def calibrate(
     Examples:
 
         quantkit calibrate pool/train.jsonl --output calib --model models/omni
-        quantkit calibrate data/ --dataset mllm_demo,alpaca_en_demo --task alpaca_en_demo=chat --output calib
+        quantkit calibrate data/ --dataset mllm_demo --task mllm_demo=ocr -o calib
     """
     from quantkit.calibset import CalibrateOptions, build_calibration_set
 
