@@ -437,8 +437,19 @@ def _decode_tail(path: Path, kind: str) -> None:
                 container.seek(
                     int((duration - 1) / stream.time_base), stream=stream, any_frame=kind == "audio"
                 )
-            if not any(True for _frame in container.decode(stream)):
+            reached = None  # where the last decoded frame ends, in seconds
+            for frame in container.decode(stream):
+                if frame.time is not None:
+                    length = frame.samples / frame.sample_rate if kind == "audio" else 0.0
+                    reached = max(reached or 0.0, frame.time + length)
+            if reached is None:
                 raise MediaError(f"{kind} decodes to no frame near its end (truncated file?)")
+            # The header's duration with a frame's slack: a file cut short decodes to an earlier end.
+            if duration > 1 and reached < duration - max(1.0, 0.05 * duration):
+                raise MediaError(
+                    f"{kind} does not decode to its end: its header says {duration:.1f} s, "
+                    f"the data ends at {reached:.1f} s (truncated file?)"
+                )
     except MediaError:
         raise
     except (av.error.FFmpegError, OSError, ValueError, IndexError) as err:

@@ -411,6 +411,67 @@ def test_truncated_jpeg_is_caught_at_calibrate_time(tmp_path):
     assert report["skipped"]["records"][0]["line"] == 1 and "truncated JPEG" in report["skipped"]["records"][0]["reason"]
 
 
+def _faststart_copy(source: Path, target: Path) -> None:
+    """Remux with the index first (as streaming MP4s are): a cut file then keeps a whole header."""
+    import av
+
+    with av.open(str(source)) as src, av.open(str(target), "w", options={"movflags": "faststart"}) as dst:
+        stream = src.streams.video[0]
+        out = dst.add_stream_from_template(stream)
+        for packet in src.demux(stream):
+            if packet.dts is not None:
+                packet.stream = out
+                dst.mux(packet)
+
+
+def test_truncated_video_is_caught_with_verify_media_all(tmp_path):
+    root = tmp_path / "pool"
+    media = Media(root)
+    clip = root / "clip.mp4"
+    _faststart_copy(root / media.video(seconds=4), clip)
+    whole = clip.read_bytes()
+    clip.write_bytes(whole[: len(whole) * 6 // 10])  # its header (duration, frames) still whole
+    pool = write_jsonl(
+        root / "pool.jsonl",
+        [{"messages": [{"role": "user", "content": "<video>Describe the video."},
+                       {"role": "assistant", "content": "A grey screen."}],
+          "videos": ["clip.mp4"], "task": "video_caption"}],
+    )  # fmt: skip
+    default, _ = calibrate(pool, "--output", tmp_path / "o")  # video is not decoded by default
+    assert default.exit_code == 0, default.output
+    checked, _ = calibrate(pool, "--verify-media", "all", "--output", tmp_path / "o2")
+    assert checked.exit_code == 2 and f"{pool}:1" in checked.output, checked.output
+    assert "does not decode to its end" in checked.output
+    assert not (tmp_path / "o2").exists()
+
+
+def test_truncated_flac_is_caught_by_default(tmp_path):
+    import av
+
+    root = tmp_path / "pool"
+    root.mkdir()
+    clip = root / "speech.flac"
+    with av.open(str(clip), "w") as container:
+        stream = container.add_stream("flac", rate=16000, layout="mono")
+        tone = 0.3 * np.sin(2 * np.pi * 440 * np.arange(16000 * 4) / 16000)
+        frame = av.AudioFrame.from_ndarray((tone * 32767).astype(np.int16)[None, :], format="s16", layout="mono")
+        frame.sample_rate = 16000
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            container.mux(packet)
+    whole = clip.read_bytes()
+    clip.write_bytes(whole[: len(whole) // 2])  # the header still says 4 s
+    pool = write_jsonl(
+        root / "pool.jsonl",
+        [{"messages": [{"role": "user", "content": "<audio>Transcribe the speech."},
+                       {"role": "assistant", "content": "a tone"}], "audios": ["speech.flac"]}],
+    )  # fmt: skip
+    result, _ = calibrate(pool, "--output", tmp_path / "o")
+    assert result.exit_code == 2 and f"{pool}:1" in result.output, result.output
+    assert "does not decode to its end" in result.output
+    unchecked, _ = calibrate(pool, "--verify-media", "none", "--output", tmp_path / "o")
+    assert unchecked.exit_code == 0, unchecked.output
+
+
 # --- see before you build ---------------------------------------------------------------------
 
 
