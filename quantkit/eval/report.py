@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from pathlib import Path
+
+from quantkit.fsutil import write_file_atomic
 
 EVAL_FILE = "eval.json"
 CARD_FILE = "README.md"
@@ -21,15 +22,9 @@ _SECTION = re.compile(re.escape(SECTION_START) + r".*?" + re.escape(SECTION_END)
 
 
 def write_atomic(path: Path, text: str) -> Path:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    """fsutil's one atomic file write, returning the path."""
+    write_file_atomic(path, text)
+    return Path(path)
 
 
 def fmt(value: float | None) -> str:
