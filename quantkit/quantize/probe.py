@@ -33,6 +33,7 @@ class CalibrationProbe:
     adapter: Adapter
     on_layer_call: Callable[[], None] | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    capture: object | None = None  # the CapturedInputs calibration ran on (sequential pipeline)
     _handles: list = field(default_factory=list)
 
     def watched(self) -> dict[str, torch.nn.Module]:

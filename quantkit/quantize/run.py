@@ -33,6 +33,7 @@ from quantkit.export import join_compressed_save, library_versions, peak_rss_mb,
 from quantkit.fsutil import atomic_output_dir, check_output_free
 from quantkit.models.adapters import Adapter, adapter_for, model_architecture
 from quantkit.models.inputs import Sample
+from quantkit.quantize.capture import capture_decoder_inputs, decoder_loader
 from quantkit.quantize.distributed import (
     DistContext,
     barrier,
@@ -135,6 +136,7 @@ class QuantizeResult:
     metadata: dict = field(repr=False, default_factory=dict)
     precision: PrecisionPlan | None = None  # group size and 8-bit layers (W4A16 family)
     sensitivity: object | None = field(repr=False, default=None)  # the SensitivityTable used
+    decoder_inputs: dict | None = None  # what the decoder was calibrated on (captured, cached, bytes)
     world_size: int = 1  # ranks that calibrated (quantize --nproc)
     samples_per_rank: list[int] = field(default_factory=list)
     wrote: bool = True  # False on ranks other than 0 under torchrun
@@ -406,17 +408,36 @@ def calibrate(
     *,
     progress: bool = True,
     config_groups: dict | None = None,
+    cache_dir: Path | None = None,
+    fingerprint: str | None = None,
 ) -> CalibrationProbe:
     """Run the recipe's modifiers under counting hooks; verify the hooks when data was used.
-    ``config_groups`` (from a PrecisionPlan) replace the recipe's preset scheme."""
-    loader = None
-    if prepared is not None:
-        loader = calibration_loader(prepared.rows, keep_none=adapter.pipeline == "sequential")
+    ``config_groups`` (from a PrecisionPlan) replace the recipe's preset scheme.
+
+    With the ``sequential`` pipeline the decoder's inputs are captured first (towers once per
+    sample, none for samples ``cache_dir`` already holds; ``fingerprint`` is the processor's)
+    and the decoder alone is calibrated on them; ``probe.capture`` says what ran."""
     modifiers = _modifiers(recipe, adapter, targets, config_groups)
-    with (
-        calibration_spinner(f"calibrating ({recipe.name}, {adapter.pipeline})", enabled=progress) as tick,
-        CalibrationProbe(model, adapter, on_layer_call=tick) as probe,
-    ):
+    with contextlib.ExitStack() as stack:
+        probe = stack.enter_context(CalibrationProbe(model, adapter))
+        loader, decoder, captured = None, None, None
+        if prepared is not None and adapter.pipeline == "sequential":
+            with sample_bar("capturing decoder inputs", len(prepared.rows), enabled=progress) as advance:
+                captured = capture_decoder_inputs(
+                    model,
+                    adapter,
+                    prepared.rows,
+                    layer_names=list(decoder_layers(model, adapter)),
+                    processor_fingerprint=fingerprint,
+                    cache_dir=cache_dir,
+                    on_sample=advance,
+                )
+            loader, decoder = decoder_loader(captured.rows), adapter.decoder_path
+        elif prepared is not None:
+            loader = calibration_loader(prepared.rows, keep_none=False)
+        probe.on_layer_call = stack.enter_context(
+            calibration_spinner(f"calibrating ({recipe.name}, {adapter.pipeline})", enabled=progress)
+        )
         run_oneshot(
             model,
             processor,
@@ -424,14 +445,17 @@ def calibrate(
             loader,
             pipeline=adapter.pipeline,
             decoder_layer=adapter.decoder_layer,
+            decoder=decoder,
             trust_remote_code=adapter.trust_remote_code,
         )
+    probe.capture = captured
     if prepared is not None:
         rows = prepared.rows
+        towers = captured.tower_samples if captured is not None else {}
         probe.verify(
             samples=len(rows),
-            vision_samples=sum(row.has_vision for row in rows),
-            audio_samples=sum(row.has_audio for row in rows),
+            vision_samples=towers.get("vision", sum(row.has_vision for row in rows)),
+            audio_samples=towers.get("audio", sum(row.has_audio for row in rows)),
         )
     return probe
 
@@ -574,6 +598,8 @@ def quantize(
             prepared,
             progress=progress,
             config_groups=config_groups,
+            cache_dir=cache_dir,
+            fingerprint=processor_fingerprint(model_dir),
         )
         stage_times["oneshot"] = round(time.perf_counter() - clock, 2)
 
@@ -621,6 +647,7 @@ def quantize(
             world_size=context.world_size if context else 1,
             samples_per_rank=per_rank,
             wrote=context is None or context.is_main,
+            decoder_inputs=_capture_summary(probe.capture, adapter),
         )
         if not result.wrote:
             join_compressed_save(model, output)  # rank 0 writes the files
@@ -662,6 +689,20 @@ def quantize(
         result.wall_time_s = round(time.perf_counter() - started, 2)
         barrier(context)
         return result
+
+
+def _capture_summary(captured, adapter: Adapter) -> dict | None:
+    """quantkit.json's record of the decoder's captured inputs (this rank's)."""
+    if captured is None:
+        return None
+    return {
+        "decoder": adapter.decoder_path,
+        "captured": captured.captured,
+        "cache_hits": captured.cache_hits,
+        "tower_samples": captured.tower_samples,
+        "towers_hash": captured.towers_hash,
+        "bytes": captured.nbytes,
+    }
 
 
 @dataclass(frozen=True)
@@ -774,6 +815,7 @@ def build_metadata(
             "dropped": result.dropped_samples,
             "cache_hits": result.cache_hits,
             "tower_calls": towers,
+            "decoder_inputs": result.decoder_inputs,
             "decoder_layer_calls": {
                 k: v
                 for k, v in result.calibration_calls.items()
