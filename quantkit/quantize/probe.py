@@ -34,6 +34,7 @@ class CalibrationProbe:
     on_layer_call: Callable[[], None] | None = None
     counts: dict[str, int] = field(default_factory=dict)
     capture: object | None = None  # the CapturedInputs calibration ran on (sequential pipeline)
+    spill: object | None = None  # the Spill that held the activation cache on disk, if any
     _handles: list = field(default_factory=list)
 
     def watched(self) -> dict[str, torch.nn.Module]:

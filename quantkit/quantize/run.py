@@ -57,9 +57,11 @@ from quantkit.quantize.mixed import (
     plan_precision,
 )
 from quantkit.quantize.pipelines import run_oneshot
+from quantkit.quantize.plan import memory_plan
 from quantkit.quantize.probe import CalibrationProbe
 from quantkit.quantize.progress import calibration_spinner, sample_bar
 from quantkit.quantize.scales import check_scales
+from quantkit.quantize.spill import spilled_activations
 from quantkit.quantize.targets import (
     TargetPlan,
     check_group_divisibility,
@@ -105,6 +107,7 @@ class QuantizePlan:
     ignore: list[str]
     group_size: int | None = None  # chosen for the model (group-wise schemes)
     precision: dict | None = None  # group size, 8-bit layers and the average (W4A16 family)
+    memory: dict | None = None  # the memory plan (quantkit.quantize.plan.MemoryPlan)
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -207,14 +210,23 @@ def unfuse_experts(model: torch.nn.Module) -> None:
 
 
 def unfuse_experts_on_meta(model: torch.nn.Module) -> None:
-    """The same module tree as :func:`unfuse_experts`, built on the meta device (no copy)."""
+    """The same module tree as :func:`unfuse_experts`, built on the meta device (no copy).
+    The library's expert check reads each module's class source; it runs once per class here
+    (48 MoE layers of one class: one check, not 48)."""
+    from llmcompressor.modeling.moe.helpers import FusedExpertsProtocol
     from llmcompressor.modeling.moe.linear_experts import LinearExperts2D
-    from llmcompressor.modeling.moe.linearize import get_non_linearized_moes
 
-    for name, module in get_non_linearized_moes(model):
-        linear_cls = LinearExperts2D.get_linear_experts_cls(type(module))
+    first_of_class: dict[type, torch.nn.Module] = {}
+    for _, module in model.named_modules():
+        first_of_class.setdefault(type(module), module)
+    fused = {  # the rule of llmcompressor's get_non_linearized_moes, applied per class
+        cls: LinearExperts2D.get_linear_experts_cls(cls)
+        for cls, module in first_of_class.items()
+        if isinstance(module, FusedExpertsProtocol) or LinearExperts2D.get_registration(cls) is not None
+    }
+    for name, module in [(n, m) for n, m in model.named_modules() if type(m) in fused]:
         with torch.device("meta"):
-            model.set_submodule(name, linear_cls(getattr(module, "config", model.config)))
+            model.set_submodule(name, fused[type(module)](getattr(module, "config", model.config)))
 
 
 def group_size(recipe: Recipe) -> int | None:
@@ -334,11 +346,16 @@ def plan(
     avg_bits: float | None = None,
     sensitivity=None,
     count_overhead: bool = False,
+    sample_tokens: list[int | None] | None = None,
+    calibration_dtype: torch.dtype | None = None,
+    offload: str | None = None,
+    max_cpu_memory: int | None = None,
 ) -> QuantizePlan:
     """What would be quantized and kept, per group, and which samples would be used; reads the
     config only (the model is built on the meta device). For W4A16 recipes: the group size, the
     layers kept at 8 bits because none divides them, and, with ``sensitivity``, the layers
-    ``avg_bits`` promotes (without it, they are chosen when quantize measures the ranking)."""
+    ``avg_bits`` promotes (without it, they are chosen when quantize measures the ranking).
+    The memory plan uses ``sample_tokens`` (per sample, None where the set records none)."""
     model_dir = Path(model_dir)
     adapter = adapter_for(model_dir, adapter)
     labels = _labels(samples, sample_labels)
@@ -354,6 +371,19 @@ def plan(
         check_group_divisibility(model, precision.group_sizes(targets.quantize))
     failure = adapter.known_failure(recipe.scheme)
     used = samples if recipe.needs_data else []
+    tokens = list(sample_tokens) if sample_tokens is not None else [None] * len(samples)
+    memory = memory_plan(
+        model,
+        adapter,
+        recipe,
+        targets,
+        tokens[: len(used)],
+        calibration_dtype=calibration_dtype or default_calibration_dtype(),
+        saved_dtype=saved_dtype(model_dir),
+        offload=offload,
+        max_cpu_memory=max_cpu_memory,
+        group_size=precision.group_size if precision else group_size(recipe),
+    )
     return QuantizePlan(
         model_dir=model_dir,
         architecture=model_architecture(model_dir),
@@ -372,7 +402,13 @@ def plan(
         ignore=targets.ignore,
         group_size=precision.group_size if precision else group_size(recipe),
         precision=precision.to_dict() if precision else None,
+        memory=memory.to_dict(),
     )
+
+
+def default_calibration_dtype() -> torch.dtype:
+    """bfloat16 with a GPU, float32 on CPUs (4x faster matmuls there)."""
+    return torch.bfloat16 if torch.cuda.is_available() else torch.float32
 
 
 # ---------------------------------------------------------------------- the real thing
@@ -410,16 +446,20 @@ def calibrate(
     config_groups: dict | None = None,
     cache_dir: Path | None = None,
     fingerprint: str | None = None,
+    spill_folder: Path | None = None,
 ) -> CalibrationProbe:
     """Run the recipe's modifiers under counting hooks; verify the hooks when data was used.
     ``config_groups`` (from a PrecisionPlan) replace the recipe's preset scheme.
 
     With the ``sequential`` pipeline the decoder's inputs are captured first (towers once per
     sample, none for samples ``cache_dir`` already holds; ``fingerprint`` is the processor's)
-    and the decoder alone is calibrated on them; ``probe.capture`` says what ran."""
+    and the decoder alone is calibrated on them; ``probe.capture`` says what ran. With
+    ``spill_folder`` the captured inputs and the activation cache live in memory-mapped files
+    there (``probe.spill`` says how much)."""
     modifiers = _modifiers(recipe, adapter, targets, config_groups)
     with contextlib.ExitStack() as stack:
         probe = stack.enter_context(CalibrationProbe(model, adapter))
+        spill = stack.enter_context(spilled_activations(spill_folder)) if spill_folder is not None else None
         loader, decoder, captured = None, None, None
         if prepared is not None and adapter.pipeline == "sequential":
             with sample_bar("capturing decoder inputs", len(prepared.rows), enabled=progress) as advance:
@@ -432,6 +472,9 @@ def calibrate(
                     cache_dir=cache_dir,
                     on_sample=advance,
                 )
+            if spill is not None:
+                for row in captured.rows:
+                    row.kwargs = spill.map_kwargs(row.kwargs)
             loader, decoder = decoder_loader(captured.rows), adapter.decoder_path
         elif prepared is not None:
             loader = calibration_loader(prepared.rows, keep_none=False)
@@ -448,7 +491,7 @@ def calibrate(
             decoder=decoder,
             trust_remote_code=adapter.trust_remote_code,
         )
-    probe.capture = captured
+    probe.capture, probe.spill = captured, spill
     if prepared is not None:
         rows = prepared.rows
         towers = captured.tower_samples if captured is not None else {}
@@ -484,6 +527,7 @@ def quantize(
     offload: str | None = None,
     offload_folder: Path | None = None,
     max_cpu_memory: int | None = None,
+    spill: bool | None = None,
 ) -> QuantizeResult:
     """Quantize the language model of ``model_dir`` with ``recipe`` and write ``output``.
 
@@ -506,6 +550,10 @@ def quantize(
     "disk") loads through compressed-tensors' offloading for models larger than device memory
     (disk: what exceeds ``max_cpu_memory`` bytes goes under ``offload_folder``, default a
     temporary folder beside ``output``, removed after).
+    The memory plan (quantkit.quantize.plan) is made once the model is loaded; when the
+    activation cache does not fit in host memory it is spilled to memory-mapped files beside
+    ``output`` (``spill`` True / False forces it either way). quantkit.json records the plan
+    beside the measured peaks.
     Raises InputError for bad input and CheckFailed when a proof fails; in both cases nothing
     is written.
     """
@@ -563,6 +611,21 @@ def quantize(
         precision = plan_for(sensitivity=table)
         if recipe.smoothquant_strength is not None:
             check_smoothquant_mappings(model, adapter)
+        memory = memory_plan(
+            model,
+            adapter,
+            recipe,
+            targets,
+            [row.tokens for row in prepared.rows] if prepared else [],
+            calibration_dtype=calibration_dtype,
+            saved_dtype=target_dtype,
+            offload=offload,
+            max_cpu_memory=max_cpu_memory,
+            group_size=precision.group_size if precision else group_size(recipe),
+        )
+        spill_folder = None
+        if prepared is not None and (memory.spill if spill is None else spill):
+            spill_folder = output.parent / f".{output.name}.spill"
         stage_times["load"] = round(time.perf_counter() - clock, 2)
 
         if avg_bits is not None and table is None:
@@ -600,6 +663,7 @@ def quantize(
             config_groups=config_groups,
             cache_dir=cache_dir,
             fingerprint=processor_fingerprint(model_dir),
+            spill_folder=spill_folder,
         )
         stage_times["oneshot"] = round(time.perf_counter() - clock, 2)
 
@@ -670,6 +734,7 @@ def quantize(
             )
             if adapter.serving is not None:
                 result.metadata["serving_layout"] = adapter.serving.model_dump(mode="json")
+            result.metadata["memory"] = {"plan": memory.to_dict(), "measured": measured_memory(probe)}
             write_checkpoint(
                 model,
                 staging,
@@ -689,6 +754,22 @@ def quantize(
         result.wall_time_s = round(time.perf_counter() - started, 2)
         barrier(context)
         return result
+
+
+def measured_memory(probe: CalibrationProbe) -> dict:
+    """What the run held, beside the plan's figures (bytes)."""
+    captured, spill = probe.capture, probe.spill
+    measured = {
+        "peak_rss": int(peak_rss_mb() * 2**20),
+        "captured_inputs": captured.nbytes if captured is not None else 0,
+        "spilled": spill is not None,
+        "spilled_bytes": spill.bytes if spill is not None else 0,
+    }
+    if torch.cuda.is_available():
+        measured["peak_gpu"] = [
+            torch.cuda.max_memory_allocated(index) for index in range(torch.cuda.device_count())
+        ]
+    return measured
 
 
 def _capture_summary(captured, adapter: Adapter) -> dict | None:
