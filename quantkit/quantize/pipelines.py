@@ -3,7 +3,7 @@
 - ``sequential`` with captured decoder inputs -> ``quantkit_decoder_sequential`` (registered
   below): the library's ``independent`` pipeline with the data-hungry modifiers run through its
   layer-by-layer ``sequential`` pipeline on the decoder module alone, the captured inputs as the
-  data (quantkit.quantize.capture). The modifiers are initialised on the whole model (targets,
+  data (quantkit.features.capture). The modifiers are initialised on the whole model (targets,
   ignore, SmoothQuant mappings and config groups keep the whole model's module names, and the
   whole model is what is saved); only the decoder is traced and run, so towers are neither
   traced nor called (tracing a whole Omni thinker split it into 1 of N subgraphs).

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from quantkit.models.adapters import Adapter
-from quantkit.quantize.targets import TargetPlan, decoder_layers
+from quantkit.models.targets import TargetPlan, decoder_layers
 from quantkit.recipes import Recipe
 
 GIB = 2**30

@@ -14,7 +14,7 @@ import torch
 
 from quantkit.errors import CheckFailed
 from quantkit.models.adapters import Adapter
-from quantkit.quantize.targets import decoder_layers
+from quantkit.models.targets import decoder_layers
 
 
 def _is_real_call(args: tuple, kwargs: dict) -> bool:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import re
 import shutil
 import time
@@ -30,39 +29,19 @@ import torch
 
 from quantkit.errors import InputError
 from quantkit.export import join_compressed_save, library_versions, peak_rss_mb, write_checkpoint
-from quantkit.fsutil import atomic_output_dir, check_output_free
-from quantkit.models.adapters import Adapter, adapter_for, model_architecture
-from quantkit.models.inputs import Sample
-from quantkit.quantize.capture import capture_decoder_inputs, decoder_loader
-from quantkit.quantize.distributed import (
-    DistContext,
-    barrier,
-    broadcast_from_main,
-    gather,
-    init_distributed,
-    shard,
-)
-from quantkit.quantize.features import (
+from quantkit.features.capture import capture_decoder_inputs, decoder_loader
+from quantkit.features.processor import (
     FeatureRow,
     PreparedFeatures,
     calibration_loader,
-    prepare_features,
+    prepare_samples,
     processor_fingerprint,
 )
-from quantkit.quantize.mixed import (
-    PrecisionPlan,
-    check_assigned,
-    check_avg_bits,
-    order_config_groups,
-    plan_precision,
-)
-from quantkit.quantize.pipelines import run_oneshot
-from quantkit.quantize.plan import memory_plan
-from quantkit.quantize.probe import CalibrationProbe
-from quantkit.quantize.progress import calibration_spinner, sample_bar
-from quantkit.quantize.scales import check_scales
-from quantkit.quantize.spill import spilled_activations
-from quantkit.quantize.targets import (
+from quantkit.fsutil import atomic_output_dir, check_output_free
+from quantkit.models.adapters import Adapter, adapter_for, model_architecture
+from quantkit.models.inputs import Sample
+from quantkit.models.loading import saved_dtype, set_saved_dtype, unfuse_experts, unfuse_experts_on_meta
+from quantkit.models.targets import (
     TargetPlan,
     check_group_divisibility,
     check_quantized_modules,
@@ -71,6 +50,27 @@ from quantkit.quantize.targets import (
     language_model_root,
     resolve_targets,
 )
+from quantkit.precision.mixed import (
+    PrecisionPlan,
+    check_assigned,
+    check_avg_bits,
+    order_config_groups,
+    plan_precision,
+)
+from quantkit.progress import calibration_spinner, sample_bar
+from quantkit.quantize.distributed import (
+    DistContext,
+    barrier,
+    broadcast_from_main,
+    gather,
+    init_distributed,
+    shard,
+)
+from quantkit.quantize.pipelines import run_oneshot
+from quantkit.quantize.plan import memory_plan
+from quantkit.quantize.probe import CalibrationProbe
+from quantkit.quantize.scales import check_scales
+from quantkit.quantize.spill import spilled_activations
 from quantkit.recipes import Recipe, build_modifiers, resolved_scheme
 from quantkit.recipes.schema import GROUP_SCHEMES
 
@@ -167,68 +167,6 @@ def refuse_known_failure(adapter: Adapter, recipe: Recipe, *, allow: bool) -> No
         )
 
 
-def saved_dtype(model_dir: Path) -> torch.dtype:
-    """The dtype the checkpoint is stored in (config.json ``dtype`` / ``torch_dtype``, top level
-    or text_config), bfloat16 when it does not say. Read before loading: loading in float32
-    rewrites the in-memory config."""
-    config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    for section in (config, config.get("text_config") or {}):
-        for key in ("dtype", "torch_dtype"):
-            value = getattr(torch, str(section.get(key)), None)
-            if isinstance(value, torch.dtype) and value.is_floating_point:
-                return value
-    return torch.bfloat16
-
-
-def set_saved_dtype(model: torch.nn.Module, dtype: torch.dtype) -> None:
-    """Cast the model and make its config (and sub-configs: text, vision, audio) say so: loading
-    in float32 rewrote ``config.dtype``, and ``model.to`` does not touch it."""
-    from compressed_tensors.offload import remove_dispatch
-    from transformers import PretrainedConfig
-
-    # oneshot leaves every module behind an offload cache whose __setitem__ copies new values
-    # into the old (float32) storage: drop that wrapping first or the cast does nothing.
-    remove_dispatch(model, onload_tensors=True)
-    model.to(dtype)
-    pending, seen = [model.config], set()
-    while pending:
-        config = pending.pop()
-        if id(config) in seen:
-            continue
-        seen.add(id(config))
-        config.dtype = dtype
-        pending.extend(v for v in vars(config).values() if isinstance(v, PretrainedConfig))
-
-
-def unfuse_experts(model: torch.nn.Module) -> None:
-    """MoE experts stored as fused 3D tensors -> per-expert Linears (what oneshot does anyway,
-    done first so the targets name the real modules)."""
-    from llmcompressor.modeling.moe.linearize import get_non_linearized_moes, linearize_moe
-
-    if get_non_linearized_moes(model):
-        linearize_moe(model)
-
-
-def unfuse_experts_on_meta(model: torch.nn.Module) -> None:
-    """The same module tree as :func:`unfuse_experts`, built on the meta device (no copy).
-    The library's expert check reads each module's class source; it runs once per class here
-    (48 MoE layers of one class: one check, not 48)."""
-    from llmcompressor.modeling.moe.helpers import FusedExpertsProtocol
-    from llmcompressor.modeling.moe.linear_experts import LinearExperts2D
-
-    first_of_class: dict[type, torch.nn.Module] = {}
-    for _, module in model.named_modules():
-        first_of_class.setdefault(type(module), module)
-    fused = {  # the rule of llmcompressor's get_non_linearized_moes, applied per class
-        cls: LinearExperts2D.get_linear_experts_cls(cls)
-        for cls, module in first_of_class.items()
-        if isinstance(module, FusedExpertsProtocol) or LinearExperts2D.get_registration(cls) is not None
-    }
-    for name, module in [(n, m) for n, m in model.named_modules() if type(m) in fused]:
-        with torch.device("meta"):
-            model.set_submodule(name, fused[type(module)](getattr(module, "config", model.config)))
-
-
 def group_size(recipe: Recipe) -> int | None:
     """The recipe's own group size (its preset's when it sets none); quantize chooses per model."""
     return resolved_scheme(recipe).get("weights", {}).get("group_size")
@@ -257,7 +195,7 @@ def _load_sensitivity(sensitivity):
     """A SensitivityTable, a path to one, or None; read before any work so a bad file fails early."""
     if sensitivity is None:
         return None
-    from quantkit.sensitivity.table import SensitivityTable, load_table
+    from quantkit.precision.table import SensitivityTable, load_table
 
     return sensitivity if isinstance(sensitivity, SensitivityTable) else load_table(Path(sensitivity))
 
@@ -290,7 +228,7 @@ def precision_plan(
 def sensitivity_rows(rows: list[FeatureRow], labels: list[str], count: int) -> list[FeatureRow]:
     """A stratified subsample of the calibration rows, text cut to SENSITIVITY_MAX_SEQ_LEN tokens."""
     from quantkit.calibset import stratified_subsample
-    from quantkit.quantize.features import TEXT_KEYS
+    from quantkit.features.processor import TEXT_KEYS
 
     picked = sorted(stratified_subsample(labels, min(count, len(rows)), seed=0))
     chosen = []
@@ -350,12 +288,16 @@ def plan(
     calibration_dtype: torch.dtype | None = None,
     offload: str | None = None,
     max_cpu_memory: int | None = None,
+    host_memory: int | None = None,
+    device: str | None = None,
 ) -> QuantizePlan:
     """What would be quantized and kept, per group, and which samples would be used; reads the
     config only (the model is built on the meta device). For W4A16 recipes: the group size, the
     layers kept at 8 bits because none divides them, and, with ``sensitivity``, the layers
     ``avg_bits`` promotes (without it, they are chosen when quantize measures the ranking).
-    The memory plan uses ``sample_tokens`` (per sample, None where the set records none)."""
+    The memory plan uses ``sample_tokens`` (per sample, None where the set records none) and
+    ``host_memory`` bytes of host memory (default: what this machine has free; 0: decide nothing
+    from it), calibrating on ``device`` ("cuda" or "cpu"; default: a GPU when there is one)."""
     model_dir = Path(model_dir)
     adapter = adapter_for(model_dir, adapter)
     labels = _labels(samples, sample_labels)
@@ -383,6 +325,8 @@ def plan(
         offload=offload,
         max_cpu_memory=max_cpu_memory,
         group_size=precision.group_size if precision else group_size(recipe),
+        available=host_memory,
+        device=device,
     )
     return QuantizePlan(
         model_dir=model_dir,
@@ -412,26 +356,6 @@ def default_calibration_dtype() -> torch.dtype:
 
 
 # ---------------------------------------------------------------------- the real thing
-
-
-def prepare_samples(
-    adapter: Adapter, processor, model_dir: Path, samples, labels, cache_dir, max_seq_len, progress
-) -> PreparedFeatures:
-    """Samples -> processor inputs (from the feature cache where it has them); InputError if none is usable."""
-    with sample_bar("preprocessing samples", len(samples), enabled=progress) as advance:
-        prepared = prepare_features(
-            processor,
-            samples,
-            labels=labels,
-            fingerprint=processor_fingerprint(model_dir),
-            cache_dir=cache_dir,
-            max_seq_len=max_seq_len,
-            on_sample=advance,
-        )
-    if not prepared.rows:
-        reasons = sorted({d["reason"] for d in prepared.dropped})
-        raise InputError("no usable calibration sample", hint="; ".join(reasons[:3]) or None)
-    return prepared
 
 
 def calibrate(

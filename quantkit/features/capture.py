@@ -24,8 +24,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from quantkit.errors import CheckFailed
+from quantkit.features.processor import FeatureRow, collate_one, load_entry, store_entry
 from quantkit.models.adapters import Adapter, matches_any
-from quantkit.quantize.features import FeatureRow, collate_one, load_entry, store_entry
 
 # Bump when what is captured for the same model and sample changes.
 CAPTURE_VERSION = 1

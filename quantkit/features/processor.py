@@ -22,6 +22,7 @@ from quantkit.errors import InputError
 from quantkit.fsutil import sha256_file
 from quantkit.media import MediaError
 from quantkit.models.inputs import Sample, UnsupportedModality, processor_inputs
+from quantkit.progress import sample_bar
 
 # Bump when processor_inputs changes what it returns for the same files.
 FEATURES_VERSION = 1
@@ -222,3 +223,23 @@ def calibration_loader(rows: list[FeatureRow], *, keep_none: bool) -> DataLoader
         shuffle=False,
         collate_fn=collate_one(keys, keep_none=keep_none),
     )
+
+
+def prepare_samples(
+    _adapter, processor, model_dir: Path, samples, labels, cache_dir, max_seq_len, progress
+) -> PreparedFeatures:
+    """Samples -> processor inputs (from the feature cache where it has them); InputError if none is usable."""
+    with sample_bar("preprocessing samples", len(samples), enabled=progress) as advance:
+        prepared = prepare_features(
+            processor,
+            samples,
+            labels=labels,
+            fingerprint=processor_fingerprint(model_dir),
+            cache_dir=cache_dir,
+            max_seq_len=max_seq_len,
+            on_sample=advance,
+        )
+    if not prepared.rows:
+        reasons = sorted({d["reason"] for d in prepared.dropped})
+        raise InputError("no usable calibration sample", hint="; ".join(reasons[:3]) or None)
+    return prepared
