@@ -1,8 +1,11 @@
 """config.json files with the real shapes of four flagship models, for `quantize --dry-run`.
 
 The values are the architectures' published hyper-parameters as known to the author (no file was
-downloaded); the ones marked UNSURE in bench/RESULTS.md may differ slightly from the released
-configs and do not move the plan by more than a few percent. Written with transformers' own config
+downloaded). Unsure, and each moving the plan by a few percent at most: the vision towers'
+intermediate sizes (3420 / 3456 / 4304), Qwen3-Omni's audio encoder (taken as Qwen2.5-Omni's:
+32 layers, d_model 1280, downsample 480), Qwen3-Omni's dense intermediate_size (unused: every
+layer is MoE), rope settings (library defaults; they do not change any size). Thinker-only
+configs for the Omni models (the adapters take the whole upstream model as well). Written with transformers' own config
 classes so that the files are what transformers 5 reads. Run: python bench/real_configs.py OUT
 (bench/configs/ holds the output).
 """
