@@ -182,3 +182,18 @@ def llamafactory_data(root: Path) -> Path:
     write_json(data / "dataset_info.json", [])
     (data / "dataset_info.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return data
+
+
+# Two text tasks, one per tier: the smallest taxonomy that still stratifies (calibrate, faults).
+TWO_TIER_TAXONOMY = """\
+version: 1
+tiers: {high: 3.0, low: 1.0}
+buckets:
+  image_tokens: [256, 1024]
+  video_seconds: [10, 60]
+  audio_seconds: [10, 30]
+  image_rule: {patch_size: 14, merge_size: 2, min_pixels: 3136, max_pixels: 12845056}
+tasks:
+  - {name: precise, family: text, modalities: [text], tier: high}
+  - {name: casual, family: text, modalities: [text], tier: low}
+"""

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures_pool import TWO_TIER_TAXONOMY
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -82,20 +83,6 @@ class PoolBuilder:
         path = self.root / name
         path.write_text("\n".join(self.lines) + "\n")
         return path
-
-
-TWO_TIER_TAXONOMY = """\
-version: 1
-tiers: {high: 3.0, low: 1.0}
-buckets:
-  image_tokens: [256, 1024]
-  video_seconds: [10, 60]
-  audio_seconds: [10, 30]
-  image_rule: {patch_size: 14, merge_size: 2, min_pixels: 3136, max_pixels: 12845056}
-tasks:
-  - {name: precise, family: text, modalities: [text], tier: high}
-  - {name: casual, family: text, modalities: [text], tier: low}
-"""
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixtures_pool import TWO_TIER_TAXONOMY
 from typer.testing import CliRunner
 
 from quantkit.calibset import CalibrateOptions, build_calibration_set
@@ -25,20 +26,6 @@ from quantkit.fsutil import atomic_output_dir, default_mode
 from quantkit.recipes import get_recipe
 
 runner = CliRunner()
-
-TEXT_TAXONOMY = """\
-version: 1
-tiers: {high: 3.0, low: 1.0}
-buckets:
-  image_tokens: [256, 1024]
-  video_seconds: [10, 60]
-  audio_seconds: [10, 30]
-  image_rule: {patch_size: 14, merge_size: 2, min_pixels: 3136, max_pixels: 12845056}
-tasks:
-  - {name: precise, family: text, modalities: [text], tier: high}
-  - {name: casual, family: text, modalities: [text], tier: low}
-"""
-
 
 def tree_hash(root: Path) -> str:
     """Names, bytes and link targets of everything under ``root``."""
@@ -109,7 +96,7 @@ def text_pool(tmp_path_factory) -> tuple[Path, Path]:
     """A text-only pool of 80 records over two tasks, and its taxonomy."""
     root = tmp_path_factory.mktemp("faults-pool")
     taxonomy = root / "taxonomy.yaml"
-    taxonomy.write_text(TEXT_TAXONOMY)
+    taxonomy.write_text(TWO_TIER_TAXONOMY)
     folder = root / "pool"
     folder.mkdir()
     lines = []
