@@ -134,8 +134,19 @@ def quantize(
         ),
     ] = CalibrationDtype.auto,
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the plan without loading weights.")
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print the plan (targets, precision, memory per GPU / host / disk) without loading "
+            "weights (config.json suffices) and write it as JSON (--plan-json).",
+        ),
     ] = False,
+    plan_json: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --dry-run: where the plan's JSON goes (default: OUTPUT.plan.json beside --output)."
+        ),
+    ] = None,
     allow_known_failure: Annotated[
         bool,
         typer.Option(
@@ -177,10 +188,9 @@ def quantize(
         check_output_free(output, force)
 
     from quantkit.models.adapters import adapter_for
-    from quantkit.models.inputs import processor_capabilities
     from quantkit.quantize import plan as make_plan
     from quantkit.quantize import quantize as run_quantize
-    from quantkit.quantize.calibration_set import samples_from_set
+    from quantkit.quantize.calibration_set import model_media_kinds, samples_from_set
     from quantkit.quantize.distributed import launched_by_torchrun, relaunch_command
     from quantkit.quantize.run import with_options
     from quantkit.recipes import resolve_recipe
@@ -206,7 +216,7 @@ def quantize(
         )
     drawn = None
     if calib is not None and chosen.needs_data:
-        kinds = processor_capabilities(resolved_adapter.load_processor(model))
+        kinds = model_media_kinds(resolved_adapter, model)
         drawn = samples_from_set(calib, model_kinds=kinds, num_samples=num_samples, seed=seed)
     samples = drawn.samples if drawn else []
     labels = drawn.labels if drawn else None
@@ -243,19 +253,26 @@ def quantize(
     main_rank = os.environ.get("RANK", "0") == "0"
 
     if dry_run:
-        print_plan(
-            make_plan(
-                model,
-                chosen,
-                samples,
-                sample_labels=labels,
-                adapter=resolved_adapter,
-                avg_bits=avg_bits,
-                sensitivity=sensitivity,
-                strict_group_size=group_size is not None,
-            ).to_dict(),
-            drawn,
-        )
+        from quantkit.quantize.plan import write_plan_json
+
+        planned = make_plan(
+            model,
+            chosen,
+            samples,
+            sample_labels=labels,
+            adapter=resolved_adapter,
+            avg_bits=avg_bits,
+            sensitivity=sensitivity,
+            sample_tokens=drawn.tokens if drawn else None,
+            calibration_dtype=_calibration_dtype(calibration_dtype),
+            offload=offload.value if offload else None,
+            max_cpu_memory=int(max_cpu_memory * 2**30) if max_cpu_memory is not None else None,
+            strict_group_size=group_size is not None,
+        ).to_dict()
+        print_plan(planned, drawn)
+        target = plan_json or output.with_name(output.name + ".plan.json")
+        write_plan_json(target, planned)
+        console.print(f"wrote {target}")
         return
     result = run_quantize(
         model,
@@ -327,6 +344,12 @@ def print_plan(plan: dict, drawn) -> None:
         console.print(f"checkpoint: about {plan['checkpoint_bytes'] / 2**20:.1f} MiB")
     if plan["known_failure"]:
         console.print(f"[yellow]known failure:[/] {plan['known_failure']}")
+    if plan.get("memory"):
+        from quantkit.quantize.plan import MemoryPlan
+
+        memory = {k: v for k, v in plan["memory"].items() if k != "gib"}
+        for line in MemoryPlan(**memory).lines():
+            console.print(line, highlight=False)
 
 
 def print_precision(precision: dict | None) -> None:

@@ -60,7 +60,7 @@ def cover_kept_modules(
     module-name patterns cover both.
     """
     from quantkit.models.adapters import matches_any
-    from quantkit.quantize.targets import compact_patterns
+    from quantkit.models.targets import compact_patterns
 
     config_path = Path(directory) / "config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))

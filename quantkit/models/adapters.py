@@ -159,6 +159,12 @@ class Adapter(BaseModel):
     trust_remote_code: bool = False
     language_model: str = Field(description="module path of the language model, e.g. model.language_model")
     decoder_layer: str = Field(description="class name of the language model's decoder layer")
+    decoder: str | None = Field(
+        default=None,
+        description="module path where the language-model decoder starts (what receives the merged "
+        "input embeddings, positions and masks; its inputs are captured once per sample and the "
+        "decoder alone is calibrated); default: language_model",
+    )
     vision_tower: str | None = None
     audio_tower: str | None = None
     head: list[str] = Field(default_factory=lambda: ["lm_head"])
@@ -168,7 +174,7 @@ class Adapter(BaseModel):
     known_failures: list[KnownFailure] = Field(default_factory=list)
     serving: ServingLayout | None = None
 
-    @field_validator("language_model", "vision_tower", "audio_tower")
+    @field_validator("language_model", "decoder", "vision_tower", "audio_tower")
     @classmethod
     def _module_path(cls, value: str | None) -> str | None:
         if value is not None and not MODULE_PATH.match(value):
@@ -186,6 +192,11 @@ class Adapter(BaseModel):
             if tower is not None and is_under(tower, self.language_model):
                 raise ValueError(f"tower {tower!r} lies inside the language model {self.language_model!r}")
         return self
+
+    @property
+    def decoder_path(self) -> str:
+        """Where the decoder starts: ``decoder``, else the language model's path."""
+        return self.decoder if self.decoder is not None else self.language_model
 
     # ------------------------------------------------------------------ module groups
 

@@ -1,12 +1,20 @@
 """Calibrate and quantize a model's language model with a recipe; prove it; write the checkpoint."""
 
-from quantkit.quantize.features import (
+from quantkit import _aliases
+from quantkit.features.processor import (
     FeatureRow,
     PreparedFeatures,
     calibration_loader,
     prepare_features,
     processor_fingerprint,
     sample_id,
+)
+from quantkit.models.targets import (
+    TargetPlan,
+    check_quantized_modules,
+    compact_patterns,
+    language_model_root,
+    resolve_targets,
 )
 from quantkit.quantize.probe import CalibrationProbe
 from quantkit.quantize.run import (
@@ -21,13 +29,6 @@ from quantkit.quantize.run import (
     unfuse_experts,
 )
 from quantkit.quantize.scales import check_scales
-from quantkit.quantize.targets import (
-    TargetPlan,
-    check_quantized_modules,
-    compact_patterns,
-    language_model_root,
-    resolve_targets,
-)
 
 __all__ = [
     "CALIBRATION_DTYPE",
@@ -53,3 +54,14 @@ __all__ = [
     "saved_dtype",
     "unfuse_experts",
 ]
+
+_aliases.register(
+    __name__,
+    {
+        "capture": "quantkit.features.capture",
+        "features": "quantkit.features.processor",
+        "mixed": "quantkit.precision.mixed",
+        "progress": "quantkit.progress",
+        "targets": "quantkit.models.targets",
+    },
+)

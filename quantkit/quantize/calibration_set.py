@@ -19,6 +19,22 @@ class CalibrationSamples:
     labels: list[str]  # the stratum of each sample
     info: dict  # goes into quantkit.json: which set, its hash, what was drawn from it
     left_out: dict[str, int]  # modality -> samples the model cannot take
+    tokens: list[int | None] | None = None  # measured by `calibrate --model` (None where not)
+
+
+def model_media_kinds(adapter, model_dir: Path) -> set[str]:
+    """The media kinds the model's processor takes; from the adapter's towers for a folder with
+    no processor files (a config-only folder for ``quantize --dry-run``)."""
+    from quantkit.models.inputs import processor_capabilities
+
+    has_processor = any(
+        (Path(model_dir) / name).is_file()
+        for name in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json")
+    )
+    if has_processor:
+        return processor_capabilities(adapter.load_processor(model_dir))
+    kinds = {"image", "video"} if adapter.vision_tower else set()
+    return kinds | ({"audio"} if adapter.audio_tower else set())
 
 
 def samples_from_set(
@@ -61,4 +77,5 @@ def samples_from_set(
         "by_modality": dict(sorted(Counter(row["modality"] for row in usable).items())),
         "sample_ids": [row["id"] for row in usable],  # lets `verify` hold these out of drift checks
     }
-    return CalibrationSamples(samples, [row["stratum"] for row in usable], info, dict(left_out))
+    tokens = [row.get("tokens") for row in usable]
+    return CalibrationSamples(samples, [row["stratum"] for row in usable], info, dict(left_out), tokens)

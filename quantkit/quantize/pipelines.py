@@ -1,8 +1,14 @@
 """Running llmcompressor's ``oneshot`` with the calibration pipeline an adapter asks for.
 
-- ``sequential`` -> the library's ``independent`` pipeline: each modifier in its own pass, the
-  data-hungry ones through the layer-by-layer sequential pipeline (memory-frugal on big models,
-  propagates quantization error), split at the adapter's decoder-layer class.
+- ``sequential`` with captured decoder inputs -> ``quantkit_decoder_sequential`` (registered
+  below): the library's ``independent`` pipeline with the data-hungry modifiers run through its
+  layer-by-layer ``sequential`` pipeline on the decoder module alone, the captured inputs as the
+  data (quantkit.features.capture). The modifiers are initialised on the whole model (targets,
+  ignore, SmoothQuant mappings and config groups keep the whole model's module names, and the
+  whole model is what is saved); only the decoder is traced and run, so towers are neither
+  traced nor called (tracing a whole Omni thinker split it into 1 of N subgraphs).
+- ``sequential`` without captured inputs -> the library's ``independent`` pipeline on the whole
+  model, split at the adapter's decoder-layer class.
 - ``basic`` -> ``quantkit_staged_basic`` (registered below): each modifier in its own pass, with
   whole-model forwards (the library's ``basic``). One pass per modifier matters for
   SmoothQuant + GPTQ: GPTQ's Hessians must see the smoothed activations, as they do in
@@ -11,17 +17,21 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Literal
 
 import torch
 from torch.utils.data import DataLoader
 
 STAGED_BASIC = "quantkit_staged_basic"
+DECODER_SEQUENTIAL = "quantkit_decoder_sequential"
 _registered = False
+_decoder_path: str | None = None  # set by run_oneshot for the decoder pipeline's call
 
 
-def _register_staged_basic() -> None:
-    """Register the pipeline with llmcompressor's registry (once per process)."""
+def _register_pipelines() -> None:
+    """Register the pipelines with llmcompressor's registry (once per process)."""
     global _registered
     if _registered:
         return
@@ -43,13 +53,44 @@ def _register_staged_basic() -> None:
                     name = "basic" if modifier.requires_calibration_data else "datafree"
                     CalibrationPipeline.load_from_registry(name)(model, dataloader, dataset_args)
 
+    @CalibrationPipeline.register(DECODER_SEQUENTIAL)
+    class DecoderSequentialPipeline(CalibrationPipeline):
+        """``independent`` with ``sequential`` on the decoder alone (the loader holds its inputs)."""
+
+        @staticmethod
+        def __call__(model: torch.nn.Module, dataloader: DataLoader, dataset_args) -> None:
+            if _decoder_path is None:
+                raise RuntimeError("the decoder pipeline runs only inside quantkit's run_oneshot")
+            decoder = model.get_submodule(_decoder_path)
+            session = active_session()
+            modifiers = session.lifecycle.recipe.modifiers
+            with patch_attr(session.lifecycle.recipe, "modifiers", None):
+                for modifier in modifiers:
+                    session.lifecycle.recipe.modifiers = [modifier]
+                    if modifier.requires_calibration_data:
+                        CalibrationPipeline.load_from_registry("sequential")(
+                            decoder, dataloader, dataset_args
+                        )
+                    else:
+                        CalibrationPipeline.load_from_registry("datafree")(model, dataloader, dataset_args)
+
     _registered = True
 
 
-def library_pipeline(pipeline: Literal["sequential", "basic"]) -> str:
-    if pipeline == "basic":
-        _register_staged_basic()
-        return STAGED_BASIC
+@contextlib.contextmanager
+def _calibrating_decoder(path: str | None) -> Iterator[None]:
+    global _decoder_path
+    previous, _decoder_path = _decoder_path, path
+    try:
+        yield
+    finally:
+        _decoder_path = previous
+
+
+def library_pipeline(pipeline: Literal["sequential", "basic"], *, decoder: str | None = None) -> str:
+    if pipeline == "basic" or decoder is not None:
+        _register_pipelines()
+        return STAGED_BASIC if pipeline == "basic" else DECODER_SEQUENTIAL
     return "independent"
 
 
@@ -61,20 +102,23 @@ def run_oneshot(
     *,
     pipeline: Literal["sequential", "basic"],
     decoder_layer: str,
+    decoder: str | None = None,
     trust_remote_code: bool = False,
 ) -> None:
-    """Apply ``modifiers`` to ``model`` in place; nothing is saved here."""
+    """Apply ``modifiers`` to ``model`` in place; nothing is saved here. With ``decoder`` (a
+    module path), ``loader`` holds that module's captured inputs and only it is calibrated."""
     from llmcompressor import oneshot
 
-    oneshot(
-        model=model,
-        processor=processor,
-        dataset=loader,
-        recipe=modifiers,
-        pipeline=library_pipeline(pipeline),
-        sequential_targets=[decoder_layer],
-        num_calibration_samples=len(loader) if loader is not None else 0,
-        shuffle_calibration_samples=False,
-        save_compressed=True,
-        trust_remote_code_model=trust_remote_code,  # oneshot re-reads the config from disk
-    )
+    with _calibrating_decoder(decoder):
+        oneshot(
+            model=model,
+            processor=processor,
+            dataset=loader,
+            recipe=modifiers,
+            pipeline=library_pipeline(pipeline, decoder=decoder),
+            sequential_targets=[decoder_layer],
+            num_calibration_samples=len(loader) if loader is not None else 0,
+            shuffle_calibration_samples=False,
+            save_compressed=True,
+            trust_remote_code_model=trust_remote_code,  # oneshot re-reads the config from disk
+        )

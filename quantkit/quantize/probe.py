@@ -14,7 +14,7 @@ import torch
 
 from quantkit.errors import CheckFailed
 from quantkit.models.adapters import Adapter
-from quantkit.quantize.targets import decoder_layers
+from quantkit.models.targets import decoder_layers
 
 
 def _is_real_call(args: tuple, kwargs: dict) -> bool:
@@ -33,6 +33,8 @@ class CalibrationProbe:
     adapter: Adapter
     on_layer_call: Callable[[], None] | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    capture: object | None = None  # the CapturedInputs calibration ran on (sequential pipeline)
+    spill: object | None = None  # the Spill that held the activation cache on disk, if any
     _handles: list = field(default_factory=list)
 
     def watched(self) -> dict[str, torch.nn.Module]:

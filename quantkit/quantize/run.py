@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
 import re
 import shutil
@@ -31,36 +30,19 @@ import torch
 
 from quantkit.errors import InputError
 from quantkit.export import join_compressed_save, library_versions, peak_rss_mb, write_checkpoint
-from quantkit.fsutil import atomic_output_dir, check_model_folder, check_output_free, refuse_overlap
-from quantkit.models.adapters import Adapter, adapter_for, model_architecture
-from quantkit.models.inputs import Sample
-from quantkit.quantize.distributed import (
-    DistContext,
-    barrier,
-    broadcast_from_main,
-    gather,
-    init_distributed,
-    shard,
-)
-from quantkit.quantize.features import (
+from quantkit.features.capture import capture_decoder_inputs, decoder_loader
+from quantkit.features.processor import (
     FeatureRow,
     PreparedFeatures,
     calibration_loader,
-    prepare_features,
+    prepare_samples,
     processor_fingerprint,
 )
-from quantkit.quantize.mixed import (
-    PrecisionPlan,
-    check_assigned,
-    check_avg_bits,
-    order_config_groups,
-    plan_precision,
-)
-from quantkit.quantize.pipelines import run_oneshot
-from quantkit.quantize.probe import CalibrationProbe
-from quantkit.quantize.progress import calibration_spinner, sample_bar
-from quantkit.quantize.scales import check_scales
-from quantkit.quantize.targets import (
+from quantkit.fsutil import atomic_output_dir, check_model_folder, check_output_free, refuse_overlap
+from quantkit.models.adapters import Adapter, adapter_for, model_architecture
+from quantkit.models.inputs import Sample
+from quantkit.models.loading import saved_dtype, set_saved_dtype, unfuse_experts, unfuse_experts_on_meta
+from quantkit.models.targets import (
     TargetPlan,
     check_group_divisibility,
     check_quantized_modules,
@@ -69,6 +51,27 @@ from quantkit.quantize.targets import (
     language_model_root,
     resolve_targets,
 )
+from quantkit.precision.mixed import (
+    PrecisionPlan,
+    check_assigned,
+    check_avg_bits,
+    order_config_groups,
+    plan_precision,
+)
+from quantkit.progress import calibration_spinner, sample_bar
+from quantkit.quantize.distributed import (
+    DistContext,
+    barrier,
+    broadcast_from_main,
+    gather,
+    init_distributed,
+    shard,
+)
+from quantkit.quantize.pipelines import run_oneshot
+from quantkit.quantize.plan import memory_plan
+from quantkit.quantize.probe import CalibrationProbe
+from quantkit.quantize.scales import check_scales
+from quantkit.quantize.spill import spilled_activations
 from quantkit.recipes import Recipe, build_modifiers, resolved_scheme
 from quantkit.recipes.schema import GROUP_SCHEMES
 
@@ -106,6 +109,7 @@ class QuantizePlan:
     group_size: int | None = None  # chosen for the model (group-wise schemes)
     precision: dict | None = None  # group size, 8-bit layers and the average (W4A16 family)
     checkpoint_bytes: int = 0  # estimated size of the written checkpoint (the free-space check)
+    memory: dict | None = None  # the memory plan (quantkit.quantize.plan.MemoryPlan)
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -137,6 +141,7 @@ class QuantizeResult:
     metadata: dict = field(repr=False, default_factory=dict)
     precision: PrecisionPlan | None = None  # group size and 8-bit layers (W4A16 family)
     sensitivity: object | None = field(repr=False, default=None)  # the SensitivityTable used
+    decoder_inputs: dict | None = None  # what the decoder was calibrated on (captured, cached, bytes)
     world_size: int = 1  # ranks that calibrated (quantize --nproc)
     samples_per_rank: list[int] = field(default_factory=list)
     wrote: bool = True  # False on ranks other than 0 under torchrun
@@ -162,59 +167,6 @@ def refuse_known_failure(adapter: Adapter, recipe: Recipe, *, allow: bool) -> No
             hint="choose another recipe (e.g. w4a16 or fp8-dynamic); override the refusal (allow_known_failure) "
             "only if something other than transformers will load the checkpoint",
         )
-
-
-def saved_dtype(model_dir: Path) -> torch.dtype:
-    """The dtype the checkpoint is stored in (config.json ``dtype`` / ``torch_dtype``, top level
-    or text_config), bfloat16 when it does not say. Read before loading: loading in float32
-    rewrites the in-memory config."""
-    config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    for section in (config, config.get("text_config") or {}):
-        for key in ("dtype", "torch_dtype"):
-            value = getattr(torch, str(section.get(key)), None)
-            if isinstance(value, torch.dtype) and value.is_floating_point:
-                return value
-    return torch.bfloat16
-
-
-def set_saved_dtype(model: torch.nn.Module, dtype: torch.dtype) -> None:
-    """Cast the model and make its config (and sub-configs: text, vision, audio) say so: loading
-    in float32 rewrote ``config.dtype``, and ``model.to`` does not touch it."""
-    from compressed_tensors.offload import remove_dispatch
-    from transformers import PretrainedConfig
-
-    # oneshot leaves every module behind an offload cache whose __setitem__ copies new values
-    # into the old (float32) storage: drop that wrapping first or the cast does nothing.
-    remove_dispatch(model, onload_tensors=True)
-    model.to(dtype)
-    pending, seen = [model.config], set()
-    while pending:
-        config = pending.pop()
-        if id(config) in seen:
-            continue
-        seen.add(id(config))
-        config.dtype = dtype
-        pending.extend(v for v in vars(config).values() if isinstance(v, PretrainedConfig))
-
-
-def unfuse_experts(model: torch.nn.Module) -> None:
-    """MoE experts stored as fused 3D tensors -> per-expert Linears (what oneshot does anyway,
-    done first so the targets name the real modules)."""
-    from llmcompressor.modeling.moe.linearize import get_non_linearized_moes, linearize_moe
-
-    if get_non_linearized_moes(model):
-        linearize_moe(model)
-
-
-def unfuse_experts_on_meta(model: torch.nn.Module) -> None:
-    """The same module tree as :func:`unfuse_experts`, built on the meta device (no copy)."""
-    from llmcompressor.modeling.moe.linear_experts import LinearExperts2D
-    from llmcompressor.modeling.moe.linearize import get_non_linearized_moes
-
-    for name, module in get_non_linearized_moes(model):
-        linear_cls = LinearExperts2D.get_linear_experts_cls(type(module))
-        with torch.device("meta"):
-            model.set_submodule(name, linear_cls(getattr(module, "config", model.config)))
 
 
 def group_size(recipe: Recipe) -> int | None:
@@ -328,7 +280,7 @@ def _load_sensitivity(sensitivity):
     """A SensitivityTable, a path to one, or None; read before any work so a bad file fails early."""
     if sensitivity is None:
         return None
-    from quantkit.sensitivity.table import SensitivityTable, load_table
+    from quantkit.precision.table import SensitivityTable, load_table
 
     return sensitivity if isinstance(sensitivity, SensitivityTable) else load_table(Path(sensitivity))
 
@@ -361,7 +313,7 @@ def precision_plan(
 def sensitivity_rows(rows: list[FeatureRow], labels: list[str], count: int) -> list[FeatureRow]:
     """A stratified subsample of the calibration rows, text cut to SENSITIVITY_MAX_SEQ_LEN tokens."""
     from quantkit.calibset import stratified_subsample
-    from quantkit.quantize.features import TEXT_KEYS
+    from quantkit.features.processor import TEXT_KEYS
 
     picked = sorted(stratified_subsample(labels, min(count, len(rows)), seed=0))
     chosen = []
@@ -418,12 +370,21 @@ def plan(
     sensitivity=None,
     count_overhead: bool = False,
     strict_group_size: bool = False,
+    sample_tokens: list[int | None] | None = None,
+    calibration_dtype: torch.dtype | None = None,
+    offload: str | None = None,
+    max_cpu_memory: int | None = None,
+    host_memory: int | None = None,
+    device: str | None = None,
 ) -> QuantizePlan:
     """What would be quantized and kept, per group, and which samples would be used; reads the
     config only (the model is built on the meta device). For W4A16 recipes: the group size, the
     layers kept at 8 bits because none divides them, and, with ``sensitivity``, the layers
     ``avg_bits`` promotes (without it, they are chosen when quantize measures the ranking).
-    ``strict_group_size`` (a group size from the command line) refuses one that divides no layer."""
+    ``strict_group_size`` (a group size from the command line) refuses one that divides no layer.
+    The memory plan uses ``sample_tokens`` (per sample, None where the set records none) and
+    ``host_memory`` bytes of host memory (default: what this machine has free; 0: decide nothing
+    from it), calibrating on ``device`` ("cuda" or "cpu"; default: a GPU when there is one)."""
     model_dir = check_model_folder(Path(model_dir))  # exists, safetensors headers match their sizes
     adapter = adapter_for(model_dir, adapter)
     labels = _labels(samples, sample_labels)
@@ -440,6 +401,21 @@ def plan(
         check_group_divisibility(model, precision.group_sizes(targets.quantize))
     failure = adapter.known_failure(recipe.scheme)
     used = samples if recipe.needs_data else []
+    tokens = list(sample_tokens) if sample_tokens is not None else [None] * len(samples)
+    memory = memory_plan(
+        model,
+        adapter,
+        recipe,
+        targets,
+        tokens[: len(used)],
+        calibration_dtype=calibration_dtype or default_calibration_dtype(),
+        saved_dtype=saved_dtype(model_dir),
+        offload=offload,
+        max_cpu_memory=max_cpu_memory,
+        group_size=precision.group_size if precision else group_size(recipe),
+        available=host_memory,
+        device=device,
+    )
     return QuantizePlan(
         model_dir=model_dir,
         architecture=model_architecture(model_dir),
@@ -461,30 +437,16 @@ def plan(
         checkpoint_bytes=checkpoint_size_estimate(
             model, targets, recipe, precision, saved_dtype(model_dir), model_dir, avg_bits
         ),
+        memory=memory.to_dict(),
     )
 
 
+def default_calibration_dtype() -> torch.dtype:
+    """bfloat16 with a GPU, float32 on CPUs (4x faster matmuls there)."""
+    return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+
+
 # ---------------------------------------------------------------------- the real thing
-
-
-def prepare_samples(
-    adapter: Adapter, processor, model_dir: Path, samples, labels, cache_dir, max_seq_len, progress
-) -> PreparedFeatures:
-    """Samples -> processor inputs (from the feature cache where it has them); InputError if none is usable."""
-    with sample_bar("preprocessing samples", len(samples), enabled=progress) as advance:
-        prepared = prepare_features(
-            processor,
-            samples,
-            labels=labels,
-            fingerprint=processor_fingerprint(model_dir),
-            cache_dir=cache_dir,
-            max_seq_len=max_seq_len,
-            on_sample=advance,
-        )
-    if not prepared.rows:
-        reasons = sorted({d["reason"] for d in prepared.dropped})
-        raise InputError("no usable calibration sample", hint="; ".join(reasons[:3]) or None)
-    return prepared
 
 
 def calibrate(
@@ -497,17 +459,43 @@ def calibrate(
     *,
     progress: bool = True,
     config_groups: dict | None = None,
+    cache_dir: Path | None = None,
+    fingerprint: str | None = None,
+    spill_folder: Path | None = None,
 ) -> CalibrationProbe:
     """Run the recipe's modifiers under counting hooks; verify the hooks when data was used.
-    ``config_groups`` (from a PrecisionPlan) replace the recipe's preset scheme."""
-    loader = None
-    if prepared is not None:
-        loader = calibration_loader(prepared.rows, keep_none=adapter.pipeline == "sequential")
+    ``config_groups`` (from a PrecisionPlan) replace the recipe's preset scheme.
+
+    With the ``sequential`` pipeline the decoder's inputs are captured first (towers once per
+    sample, none for samples ``cache_dir`` already holds; ``fingerprint`` is the processor's)
+    and the decoder alone is calibrated on them; ``probe.capture`` says what ran. With
+    ``spill_folder`` the captured inputs and the activation cache live in memory-mapped files
+    there (``probe.spill`` says how much)."""
     modifiers = _modifiers(recipe, adapter, targets, config_groups)
-    with (
-        calibration_spinner(f"calibrating ({recipe.name}, {adapter.pipeline})", enabled=progress) as tick,
-        CalibrationProbe(model, adapter, on_layer_call=tick) as probe,
-    ):
+    with contextlib.ExitStack() as stack:
+        probe = stack.enter_context(CalibrationProbe(model, adapter))
+        spill = stack.enter_context(spilled_activations(spill_folder)) if spill_folder is not None else None
+        loader, decoder, captured = None, None, None
+        if prepared is not None and adapter.pipeline == "sequential":
+            with sample_bar("capturing decoder inputs", len(prepared.rows), enabled=progress) as advance:
+                captured = capture_decoder_inputs(
+                    model,
+                    adapter,
+                    prepared.rows,
+                    layer_names=list(decoder_layers(model, adapter)),
+                    processor_fingerprint=fingerprint,
+                    cache_dir=cache_dir,
+                    on_sample=advance,
+                )
+            if spill is not None:
+                for row in captured.rows:
+                    row.kwargs = spill.map_kwargs(row.kwargs)
+            loader, decoder = decoder_loader(captured.rows), adapter.decoder_path
+        elif prepared is not None:
+            loader = calibration_loader(prepared.rows, keep_none=False)
+        probe.on_layer_call = stack.enter_context(
+            calibration_spinner(f"calibrating ({recipe.name}, {adapter.pipeline})", enabled=progress)
+        )
         run_oneshot(
             model,
             processor,
@@ -515,14 +503,17 @@ def calibrate(
             loader,
             pipeline=adapter.pipeline,
             decoder_layer=adapter.decoder_layer,
+            decoder=decoder,
             trust_remote_code=adapter.trust_remote_code,
         )
+    probe.capture, probe.spill = captured, spill
     if prepared is not None:
         rows = prepared.rows
+        towers = captured.tower_samples if captured is not None else {}
         probe.verify(
             samples=len(rows),
-            vision_samples=sum(row.has_vision for row in rows),
-            audio_samples=sum(row.has_audio for row in rows),
+            vision_samples=towers.get("vision", sum(row.has_vision for row in rows)),
+            audio_samples=towers.get("audio", sum(row.has_audio for row in rows)),
         )
     return probe
 
@@ -552,6 +543,7 @@ def quantize(
     offload_folder: Path | None = None,
     max_cpu_memory: int | None = None,
     strict_group_size: bool = False,
+    spill: bool | None = None,
 ) -> QuantizeResult:
     """Quantize the language model of ``model_dir`` with ``recipe`` and write ``output``.
 
@@ -577,6 +569,10 @@ def quantize(
     ``strict_group_size`` refuses a group size that divides no layer (one given on the command
     line) instead of warning. Before any work: the model folder's files, an output that overlaps
     an input, an output that cannot be written or whose disk is too small for the checkpoint.
+    The memory plan (quantkit.quantize.plan) is made once the model is loaded; when the
+    activation cache does not fit in host memory it is spilled to memory-mapped files beside
+    ``output`` (``spill`` True / False forces it either way). quantkit.json records the plan
+    beside the measured peaks.
     Raises InputError for bad input and CheckFailed when a proof fails; in both cases nothing
     is written.
     """
@@ -659,6 +655,21 @@ def quantize(
         precision = plan_for(sensitivity=table)
         if recipe.smoothquant_strength is not None:
             check_smoothquant_mappings(model, adapter)
+        memory = memory_plan(
+            model,
+            adapter,
+            recipe,
+            targets,
+            [row.tokens for row in prepared.rows] if prepared else [],
+            calibration_dtype=calibration_dtype,
+            saved_dtype=target_dtype,
+            offload=offload,
+            max_cpu_memory=max_cpu_memory,
+            group_size=precision.group_size if precision else group_size(recipe),
+        )
+        spill_folder = None
+        if prepared is not None and (memory.spill if spill is None else spill):
+            spill_folder = output.parent / f".{output.name}.spill"
         stage_times["load"] = round(time.perf_counter() - clock, 2)
 
         if avg_bits is not None and table is None:
@@ -694,6 +705,9 @@ def quantize(
             prepared,
             progress=progress,
             config_groups=config_groups,
+            cache_dir=cache_dir,
+            fingerprint=processor_fingerprint(model_dir),
+            spill_folder=spill_folder,
         )
         stage_times["oneshot"] = round(time.perf_counter() - clock, 2)
 
@@ -741,6 +755,7 @@ def quantize(
             world_size=context.world_size if context else 1,
             samples_per_rank=per_rank,
             wrote=context is None or context.is_main,
+            decoder_inputs=_capture_summary(probe.capture, adapter),
         )
         if not result.wrote:
             join_compressed_save(model, output)  # rank 0 writes the files
@@ -763,6 +778,7 @@ def quantize(
             )
             if adapter.serving is not None:
                 result.metadata["serving_layout"] = adapter.serving.model_dump(mode="json")
+            result.metadata["memory"] = {"plan": memory.to_dict(), "measured": measured_memory(probe)}
             write_checkpoint(
                 model,
                 staging,
@@ -782,6 +798,36 @@ def quantize(
         result.wall_time_s = round(time.perf_counter() - started, 2)
         barrier(context)
         return result
+
+
+def measured_memory(probe: CalibrationProbe) -> dict:
+    """What the run held, beside the plan's figures (bytes)."""
+    captured, spill = probe.capture, probe.spill
+    measured = {
+        "peak_rss": int(peak_rss_mb() * 2**20),
+        "captured_inputs": captured.nbytes if captured is not None else 0,
+        "spilled": spill is not None,
+        "spilled_bytes": spill.bytes if spill is not None else 0,
+    }
+    if torch.cuda.is_available():
+        measured["peak_gpu"] = [
+            torch.cuda.max_memory_allocated(index) for index in range(torch.cuda.device_count())
+        ]
+    return measured
+
+
+def _capture_summary(captured, adapter: Adapter) -> dict | None:
+    """quantkit.json's record of the decoder's captured inputs (this rank's)."""
+    if captured is None:
+        return None
+    return {
+        "decoder": adapter.decoder_path,
+        "captured": captured.captured,
+        "cache_hits": captured.cache_hits,
+        "tower_samples": captured.tower_samples,
+        "towers_hash": captured.towers_hash,
+        "bytes": captured.nbytes,
+    }
 
 
 @dataclass(frozen=True)
@@ -894,6 +940,7 @@ def build_metadata(
             "dropped": result.dropped_samples,
             "cache_hits": result.cache_hits,
             "tower_calls": towers,
+            "decoder_inputs": result.decoder_inputs,
             "decoder_layer_calls": {
                 k: v
                 for k, v in result.calibration_calls.items()

@@ -50,7 +50,7 @@ def build_modifiers(
     model's language model; nothing here falls back to the library's "every Linear" default.
     ``config_groups`` (name -> compressed-tensors QuantizationScheme, each with its own targets),
     when given, replaces the recipe's preset scheme: the group size chosen for the model, zero
-    points, and mixed precision (quantkit.quantize.mixed) arrive this way.
+    points, and mixed precision (quantkit.precision.mixed) arrive this way.
     """
     from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
 

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from quantkit.quantize.features import FeatureRow, collate_one
+from quantkit.features.processor import FeatureRow, collate_one
+from quantkit.precision.table import SensitivityRow
 from quantkit.sensitivity.fakequant import fake_quantized
-from quantkit.sensitivity.table import SensitivityRow
 
 GRANULARITIES = ("layer", "unit", "block")
 REPLAY_TOLERANCE = 1e-3  # max |replayed - reference| logit, relative to the largest reference logit
@@ -238,7 +238,7 @@ def block_of(name: str, block_names: list[str]) -> int | None:
 
 
 def measurement_units(names: list[str], block_names: list[str], granularity: str) -> list[MeasuredUnit]:
-    from quantkit.quantize.mixed import fusion_units
+    from quantkit.precision.mixed import fusion_units
 
     if granularity not in GRANULARITIES:
         raise ValueError(f"granularity must be one of {GRANULARITIES}")

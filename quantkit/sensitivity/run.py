@@ -10,14 +10,14 @@ from pathlib import Path
 import torch
 
 from quantkit.errors import InputError
+from quantkit.features.processor import FeatureRow
 from quantkit.models.adapters import Adapter, adapter_for, model_architecture
 from quantkit.models.inputs import Sample
-from quantkit.quantize.features import FeatureRow
-from quantkit.quantize.mixed import GROUP_SIZE_CANDIDATES, choose_group_size, is_expert, symmetric_args
-from quantkit.quantize.progress import sample_bar
-from quantkit.quantize.targets import decoder_layers, language_model_root, resolve_targets
+from quantkit.models.targets import decoder_layers, language_model_root, resolve_targets
+from quantkit.precision.mixed import GROUP_SIZE_CANDIDATES, choose_group_size, is_expert, symmetric_args
+from quantkit.precision.table import SensitivityTable
+from quantkit.progress import sample_bar
 from quantkit.sensitivity.measure import GRANULARITIES, estimate_fisher, measure
-from quantkit.sensitivity.table import SensitivityTable
 
 METHODS = ("kl", "fisher")
 # Weight-only schemes a layer can be measured with (activations stay in full precision).
@@ -30,7 +30,7 @@ DEFAULT_POSITIONS = 128
 def scheme_args(scheme: str, group_size: int | None = None):
     from compressed_tensors.quantization import preset_name_to_scheme
 
-    from quantkit.quantize.mixed import high_scheme
+    from quantkit.precision.mixed import high_scheme
 
     if scheme not in SCHEMES:
         raise InputError(f"unknown scheme {scheme!r} for sensitivity", hint=f"one of {', '.join(SCHEMES)}")
@@ -182,7 +182,8 @@ def sensitivity(
         raise InputError("sensitivity needs calibration samples")
     args = scheme_args(scheme)
     candidates = (group_size,) if group_size else GROUP_SIZE_CANDIDATES
-    from quantkit.quantize.run import prepare_samples, unfuse_experts
+    from quantkit.features.processor import prepare_samples
+    from quantkit.models.loading import unfuse_experts
 
     processor = adapter.load_processor(model_dir)
     prepared = prepare_samples(

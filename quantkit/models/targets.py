@@ -241,5 +241,5 @@ def check_group_divisibility(model: torch.nn.Module, group_sizes: dict[str, int 
     if bad:
         raise CheckFailed(
             f"{len(bad)} target layer(s) planned with a group size that does not divide their in-features: {_listing(bad)}",
-            hint="a bug in quantkit.quantize.mixed; nothing was calibrated or written",
+            hint="a bug in quantkit.precision.mixed; nothing was calibrated or written",
         )

@@ -22,6 +22,7 @@ from quantkit.errors import InputError
 from quantkit.fsutil import sha256_file
 from quantkit.media import MediaError
 from quantkit.models.inputs import Sample, UnsupportedModality, processor_inputs
+from quantkit.progress import sample_bar
 
 # Bump when processor_inputs changes what it returns for the same files.
 FEATURES_VERSION = 1
@@ -110,7 +111,7 @@ def _cache_path(cache_dir: Path, fingerprint: str, sid: str) -> Path:
     return Path(cache_dir) / fingerprint[:16] / f"{sid}.pt"
 
 
-def _load_cached(path: Path) -> dict | None:
+def load_entry(path: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
@@ -119,7 +120,7 @@ def _load_cached(path: Path) -> dict | None:
         return None
 
 
-def _store(path: Path, inputs: dict) -> None:
+def store_entry(path: Path, inputs: dict) -> None:
     """Write beside and rename, so a killed run never leaves a torn cache entry."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
@@ -153,7 +154,7 @@ def prepare_features(
     result = PreparedFeatures(rows=[])
     for index, (sample, label) in enumerate(zip(samples, labels, strict=True)):
         sid = sample_id(sample)
-        cached = _load_cached(_cache_path(cache_dir, fingerprint, sid)) if cache_dir is not None else None
+        cached = load_entry(_cache_path(cache_dir, fingerprint, sid)) if cache_dir is not None else None
         if cached is not None:
             inputs, result.cache_hits = cached, result.cache_hits + 1
         else:
@@ -171,7 +172,7 @@ def prepare_features(
                 ) from None
             result.processed += 1
             if cache_dir is not None:
-                _store(_cache_path(cache_dir, fingerprint, sid), inputs)
+                store_entry(_cache_path(cache_dir, fingerprint, sid), inputs)
         row = FeatureRow(sid, label, inputs, from_cache=cached is not None)
         if max_seq_len is not None and row.tokens > max_seq_len:
             if row.has_vision or row.has_audio:
@@ -222,3 +223,23 @@ def calibration_loader(rows: list[FeatureRow], *, keep_none: bool) -> DataLoader
         shuffle=False,
         collate_fn=collate_one(keys, keep_none=keep_none),
     )
+
+
+def prepare_samples(
+    _adapter, processor, model_dir: Path, samples, labels, cache_dir, max_seq_len, progress
+) -> PreparedFeatures:
+    """Samples -> processor inputs (from the feature cache where it has them); InputError if none is usable."""
+    with sample_bar("preprocessing samples", len(samples), enabled=progress) as advance:
+        prepared = prepare_features(
+            processor,
+            samples,
+            labels=labels,
+            fingerprint=processor_fingerprint(model_dir),
+            cache_dir=cache_dir,
+            max_seq_len=max_seq_len,
+            on_sample=advance,
+        )
+    if not prepared.rows:
+        reasons = sorted({d["reason"] for d in prepared.dropped})
+        raise InputError("no usable calibration sample", hint="; ".join(reasons[:3]) or None)
+    return prepared

@@ -334,7 +334,7 @@ def _union_groups(
 
 
 def _sensitivity_rows(sensitivity, targets: list[str]) -> tuple[list[tuple[list[str], float]], dict]:
-    from quantkit.sensitivity.table import SensitivityTable, load_table
+    from quantkit.precision.table import SensitivityTable, load_table
 
     table = sensitivity if isinstance(sensitivity, SensitivityTable) else load_table(sensitivity)
     measured = {layer for row in table.rows for layer in row.layers}
@@ -584,7 +584,7 @@ def check_precision_plan(plan: PrecisionPlan, names: list[str]) -> None:
     if problems:
         raise CheckFailed(
             "mixed-precision config groups disagree with the plan: " + "; ".join(problems[:SHOWN]),
-            hint="a bug in quantkit.quantize.mixed; nothing was written",
+            hint="a bug in quantkit.precision.mixed; nothing was written",
         )
 
 

@@ -1,0 +1,71 @@
+"""Loading helpers every stage shares: the checkpoint's saved dtype, casting back to it, and MoE
+experts unfused into per-expert Linears (on real weights or on the meta device)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+
+def saved_dtype(model_dir: Path) -> torch.dtype:
+    """The dtype the checkpoint is stored in (config.json ``dtype`` / ``torch_dtype``, top level
+    or text_config), bfloat16 when it does not say. Read before loading: loading in float32
+    rewrites the in-memory config."""
+    config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    for section in (config, config.get("text_config") or {}):
+        for key in ("dtype", "torch_dtype"):
+            value = getattr(torch, str(section.get(key)), None)
+            if isinstance(value, torch.dtype) and value.is_floating_point:
+                return value
+    return torch.bfloat16
+
+
+def set_saved_dtype(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Cast the model and make its config (and sub-configs: text, vision, audio) say so: loading
+    in float32 rewrote ``config.dtype``, and ``model.to`` does not touch it."""
+    from compressed_tensors.offload import remove_dispatch
+    from transformers import PretrainedConfig
+
+    # oneshot leaves every module behind an offload cache whose __setitem__ copies new values
+    # into the old (float32) storage: drop that wrapping first or the cast does nothing.
+    remove_dispatch(model, onload_tensors=True)
+    model.to(dtype)
+    pending, seen = [model.config], set()
+    while pending:
+        config = pending.pop()
+        if id(config) in seen:
+            continue
+        seen.add(id(config))
+        config.dtype = dtype
+        pending.extend(v for v in vars(config).values() if isinstance(v, PretrainedConfig))
+
+
+def unfuse_experts(model: torch.nn.Module) -> None:
+    """MoE experts stored as fused 3D tensors -> per-expert Linears (what oneshot does anyway,
+    done first so the targets name the real modules)."""
+    from llmcompressor.modeling.moe.linearize import get_non_linearized_moes, linearize_moe
+
+    if get_non_linearized_moes(model):
+        linearize_moe(model)
+
+
+def unfuse_experts_on_meta(model: torch.nn.Module) -> None:
+    """The same module tree as :func:`unfuse_experts`, built on the meta device (no copy).
+    The library's expert check reads each module's class source; it runs once per class here
+    (48 MoE layers of one class: one check, not 48)."""
+    from llmcompressor.modeling.moe.helpers import FusedExpertsProtocol
+    from llmcompressor.modeling.moe.linear_experts import LinearExperts2D
+
+    first_of_class: dict[type, torch.nn.Module] = {}
+    for _, module in model.named_modules():
+        first_of_class.setdefault(type(module), module)
+    fused = {  # the rule of llmcompressor's get_non_linearized_moes, applied per class
+        cls: LinearExperts2D.get_linear_experts_cls(cls)
+        for cls, module in first_of_class.items()
+        if isinstance(module, FusedExpertsProtocol) or LinearExperts2D.get_registration(cls) is not None
+    }
+    for name, module in [(n, m) for n, m in model.named_modules() if type(m) in fused]:
+        with torch.device("meta"):
+            model.set_submodule(name, fused[type(module)](getattr(module, "config", model.config)))

@@ -1,0 +1,289 @@
+"""The memory plan: whether a quantize run fits, said before any weight is read.
+
+Computed from the model's module tree on the meta device (config.json alone) and the calibration
+samples' token counts (measured by ``quantkit calibrate --model``; an assumed length where a set
+has none, and the plan says so). The figures follow what the run holds:
+
+- **per GPU** (llmcompressor's sequential pipeline onloads one decoder layer at a time): that
+  layer's weights in the calibration dtype, its GPTQ Hessians (4 x in_features^2 bytes per
+  targeted Linear, all of the layer's at once), the solve's workspace for its largest Linear, and
+  one sample's activations inside the layer (calibration runs eager attention: the score matrix
+  is heads x L^2, and the causal mask L^2);
+- **host**: the runtime (Python, torch, transformers, llmcompressor), the model in the
+  calibration dtype (or what ``--offload disk`` keeps in memory), the captured decoder inputs of
+  every sample and the activation cache at one layer boundary (hidden states, the position
+  embeddings and the eager causal mask of every sample), and, without a GPU, the per-layer
+  figures above too;
+- **disk**: the checkpoint (quantized layers at their bits plus scales, the rest in the saved
+  dtype), written once in a staging folder; the ``--offload disk`` folder; the spilled activation
+  cache when it does not fit in host memory (memory-mapped files beside the staging folder).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from quantkit.models.adapters import Adapter
+from quantkit.models.targets import TargetPlan, decoder_layers
+from quantkit.recipes import Recipe
+
+GIB = 2**30
+# Resident memory of a process that imported torch, transformers and llmcompressor (measured on
+# the 2-core CI machine: 1.06 GB at import, 1.1 GB with quantkit's own modules).
+RUNTIME_HOST_BYTES = int(1.1 * GIB)
+# Token count assumed for a sample whose calibration set records none (sets built without --model).
+ASSUMED_TOKENS = 1024
+# Free host memory kept for everything the plan does not count (allocator slack, page cache).
+HOST_HEADROOM = 0.10
+HESSIAN_BYTES = 4  # GPTQ accumulates in float32
+
+
+def _dtype_bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _weight_bits(recipe: Recipe) -> int:
+    return 4 if recipe.scheme == "W4A16" else 8
+
+
+def host_memory_available() -> int | None:
+    """MemAvailable from /proc/meminfo (bytes), None where there is none."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+@dataclass
+class MemoryPlan:
+    device: str  # "cuda" (one decoder layer on each GPU at a time) or "cpu" (everything on the host)
+    calibration_dtype: str
+    saved_dtype: str
+    decoder_layers: int
+    subgraphs: int  # what the sequential pipeline runs in order (one per layer, plus the tail)
+    layer_solves: int  # GPTQ solves (one per targeted Linear); 0 for round-to-nearest recipes
+    tokens: dict  # samples, total, max, source ("measured" / "assumed N per sample" / "none")
+    per_gpu: dict[str, int]
+    host: dict[str, int]
+    disk: dict[str, int]
+    host_available: int | None
+    spill: bool  # the activation cache goes to memory-mapped files (it does not fit the host)
+    fits: bool | None  # the host total within the available memory (None: unknown)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["gib"] = {
+            "per_gpu": round(self.per_gpu["total"] / GIB, 2),
+            "host": round(self.host["total"] / GIB, 2),
+            "disk": round(self.disk["total"] / GIB, 2),
+        }
+        return data
+
+    def lines(self) -> list[str]:
+        """The plan as a few lines for the terminal."""
+
+        def gib(value: int) -> str:
+            return f"{value / GIB:.2f} GiB"
+
+        per_gpu = ", ".join(f"{k} {gib(v)}" for k, v in self.per_gpu.items() if k != "total")
+        host = ", ".join(f"{k} {gib(v)}" for k, v in self.host.items() if k != "total")
+        disk = ", ".join(f"{k} {gib(v)}" for k, v in self.disk.items() if k != "total")
+        tokens = self.tokens
+        out = [
+            f"memory plan ({self.device}, {self.calibration_dtype}): {self.decoder_layers} decoder layers, "
+            f"{self.subgraphs} subgraphs, {self.layer_solves} layer solves; {tokens['samples']} samples, "
+            f"{tokens['total']} tokens (max {tokens['max']}, {tokens['source']})",
+            f"  per GPU  {gib(self.per_gpu['total'])}  ({per_gpu})"
+            if self.device == "cuda"
+            else f"  per layer (on the host, no GPU)  {gib(self.per_gpu['total'])}  ({per_gpu})",
+            f"  host     {gib(self.host['total'])}  ({host})"
+            + (f"; available {gib(self.host_available)}" if self.host_available else ""),
+            f"  disk     {gib(self.disk['total'])}  ({disk})",
+        ]
+        out += [f"  note: {note}" for note in self.notes]
+        return out
+
+
+def _layer_figures(layer: torch.nn.Module, targeted: set[int], gptq: bool) -> tuple[int, int, int, int]:
+    """(parameters, Hessian bytes, GPTQ workspace bytes, widest Linear output) of one decoder layer."""
+    params = sum(p.numel() for p in layer.parameters())
+    hessians = workspace = widest = 0
+    for module in layer.modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        widest = max(widest, module.out_features)
+        if id(module) not in targeted or not gptq:
+            continue
+        square = HESSIAN_BYTES * module.in_features**2
+        hessians += square
+        # The solve: the weight in float32, its quantized copy and error rows, the inverse Hessian.
+        workspace = max(workspace, 3 * 4 * module.in_features * module.out_features + 2 * square)
+    return params, hessians, workspace, widest
+
+
+def _text_config(decoder: torch.nn.Module):
+    config = getattr(decoder, "config", None)
+    return getattr(config, "text_config", None) or config
+
+
+def checkpoint_bytes(
+    model: torch.nn.Module, targets: TargetPlan, recipe: Recipe, saved: torch.dtype, group_size
+):
+    """The checkpoint's size: targeted Linears at the recipe's bits plus scales (and zero points
+    for asymmetric groups), every other tensor in the saved dtype."""
+    saved_bytes = _dtype_bytes(saved)
+    bits = _weight_bits(recipe)
+    quantized = {id(model.get_submodule(name)) for name in targets.quantize}
+    total = 0
+    for module in model.modules():
+        own = sum(p.numel() for p in module.parameters(recurse=False))
+        if id(module) in quantized:
+            weight = module.in_features * module.out_features
+            groups = module.out_features * (module.in_features // group_size if group_size else 1)
+            zero_points = 0.5 if recipe.scheme == "W4A16" and not recipe.symmetric else 0
+            total += weight * bits // 8 + int(groups * (2 + zero_points))
+            total += (own - weight) * saved_bytes  # biases
+        else:
+            total += own * saved_bytes
+    return total
+
+
+def memory_plan(
+    model: torch.nn.Module,
+    adapter: Adapter,
+    recipe: Recipe,
+    targets: TargetPlan,
+    tokens: list[int | None],
+    *,
+    calibration_dtype: torch.dtype,
+    saved_dtype: torch.dtype,
+    device: str | None = None,
+    offload: str | None = None,
+    max_cpu_memory: int | None = None,
+    group_size: int | None = None,
+    available: int | None = None,
+) -> MemoryPlan:
+    """The plan for ``model`` (meta device, experts unfused) with ``tokens`` per calibration
+    sample (None where unknown). ``device``: "cuda" when a GPU is there, else "cpu" (the
+    per-layer figures then count on the host). ``available`` host bytes default to MemAvailable
+    (0: unknown, nothing is decided from it)."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype_bytes = _dtype_bytes(calibration_dtype)
+    layers = decoder_layers(model, adapter)
+    decoder = model.get_submodule(adapter.decoder_path)
+    text = _text_config(decoder)
+    hidden = int(text.hidden_size)
+    heads = int(getattr(text, "num_attention_heads", 1))
+    head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
+    gptq = recipe.method == "gptq" and recipe.needs_data
+    targeted = {id(model.get_submodule(name)) for name in targets.quantize}
+    figures = [_layer_figures(layer, targeted, gptq) for layer in layers.values()]
+    layer_params, hessians, workspace, widest = (max(column) for column in zip(*figures, strict=True))
+
+    notes = []
+    known = [t for t in tokens if t is not None] if recipe.needs_data else []
+    lengths = known + [ASSUMED_TOKENS] * (len(tokens) - len(known) if recipe.needs_data else 0)
+    if not recipe.needs_data:
+        source = "none (data-free recipe)"
+    elif len(known) == len(tokens):
+        source = "measured"
+    else:
+        source = f"assumed {ASSUMED_TOKENS} for {len(tokens) - len(known)} sample(s)"
+        notes.append(
+            f"{len(tokens) - len(known)} sample(s) carry no token count (calibrate with --model to measure them)"
+        )
+    longest = max(lengths, default=0)
+    total_tokens = sum(lengths)
+
+    # One sample inside one layer: hidden-sized tensors (input, norm, attention output, residual,
+    # q/k/v), the widest projection three times (gate, up, activation), eager attention scores in
+    # the dtype and their float32 softmax, the causal mask.
+    activations = (
+        longest * dtype_bytes * (8 * hidden + 3 * widest)
+        + heads * longest**2 * (dtype_bytes + 4)
+        + longest**2 * dtype_bytes
+    )
+    per_gpu = {
+        "layer_weights": layer_params * dtype_bytes,
+        "hessians": hessians,
+        "gptq_workspace": workspace,
+        "activations": activations,
+    }
+    per_gpu["total"] = sum(per_gpu.values())
+
+    params = sum(p.numel() for p in model.parameters())
+    model_bytes = params * dtype_bytes
+    if offload == "disk":
+        in_memory = min(model_bytes, max_cpu_memory if max_cpu_memory is not None else model_bytes)
+    else:
+        in_memory = model_bytes
+    # Per sample at a layer boundary: its hidden states, cos/sin position embeddings, the causal mask.
+    boundary = sum(t * dtype_bytes * (hidden + 2 * head_dim) + t * t * dtype_bytes for t in lengths)
+    captured = sum(t * (hidden * dtype_bytes + 4 * 8) for t in lengths)  # embeddings + 3-D positions
+    host = {
+        "runtime": RUNTIME_HOST_BYTES,
+        "model": in_memory,
+        "captured_inputs": captured,
+        "activation_cache": boundary,
+    }
+    if device != "cuda":
+        host["layer_calibration"] = per_gpu["total"] - per_gpu["layer_weights"]  # the weights are in "model"
+    host["total"] = sum(host.values())
+
+    available = host_memory_available() if available is None else available
+    usable = int(available * (1 - HOST_HEADROOM)) if available else None
+    cache = boundary + captured
+    spill = bool(recipe.needs_data and usable is not None and host["total"] > usable and cache)
+    disk = {"checkpoint": checkpoint_bytes(model, targets, recipe, saved_dtype, group_size)}
+    if offload == "disk":
+        disk["offload"] = model_bytes - in_memory
+    if spill:
+        disk["spilled_activations"] = cache
+        notes.append(
+            f"the activation cache ({cache / GIB:.1f} GiB) does not fit next to the model in host memory "
+            f"({available / GIB:.1f} GiB available): it is spilled to memory-mapped files beside the output"
+        )
+        host["total"] -= cache
+        host["activation_cache"] = host["captured_inputs"] = 0
+    if usable is not None and host["total"] > usable:
+        notes.append(
+            f"the model ({in_memory / GIB:.1f} GiB in {str(calibration_dtype).removeprefix('torch.')}) does not "
+            f"fit in host memory ({available / GIB:.1f} GiB available): use --offload disk (--max-cpu-memory GiB)"
+            + (" or --calibration-dtype bfloat16" if dtype_bytes > 2 else "")
+        )
+    disk["total"] = sum(disk.values())
+    solves = sum(1 for _ in targets.quantize) if gptq else 0
+    return MemoryPlan(
+        device=device,
+        calibration_dtype=str(calibration_dtype).removeprefix("torch."),
+        saved_dtype=str(saved_dtype).removeprefix("torch."),
+        decoder_layers=len(layers),
+        subgraphs=len(layers) + 1,
+        layer_solves=solves,
+        tokens={"samples": len(lengths), "total": total_tokens, "max": longest, "source": source},
+        per_gpu=per_gpu,
+        host=host,
+        disk=disk,
+        host_available=available,
+        spill=spill,
+        fits=None if usable is None else host["total"] <= usable,
+        notes=notes,
+    )
+
+
+def write_plan_json(path: Path, data: dict) -> None:
+    """The dry run's plan as JSON (written beside and renamed)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    partial.replace(path)

@@ -1,0 +1,163 @@
+"""Towers once, decoder many: the decoder's captured inputs replay the full model exactly, a second
+recipe runs no tower, and the cache follows the towers' weights.
+
+Real libraries and tiny zoo models throughout; no mocks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from quantkit.models import adapter_for
+from quantkit.models.inputs import Sample
+from quantkit.quantize import quantize
+from quantkit.quantize.capture import capture_decoder_inputs, uniform_kwargs
+from quantkit.quantize.features import prepare_features, processor_fingerprint
+from quantkit.quantize.targets import decoder_layers
+from quantkit.recipes import get_recipe
+from quantkit.zoo.media import write_mp4, write_wav
+
+pytestmark = pytest.mark.filterwarnings("ignore:Attempting to save a model with offloaded modules")
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("capture-media")
+    ramp = np.linspace(0, 255, 96, dtype=np.uint8)
+    Image.fromarray(np.stack([np.tile(ramp, (64, 1))] * 3, axis=-1)).save(root / "ramp.png")
+
+    def frames(count: int):
+        for i in range(count):
+            frame = np.full((48, 64, 3), 30, np.uint8)
+            frame[12:36, 4 + 6 * i : 20 + 6 * i] = (220, 40, 40)
+            yield frame
+
+    write_mp4(root / "clip.mp4", frames(8), (64, 48), 4)
+    chirp = 0.3 * np.sin(2 * np.pi * np.cumsum(np.linspace(200, 800, 24000)) / 16000)
+    write_wav(root / "speech.wav", chirp)
+    return {p.stem: p for p in root.iterdir()}
+
+
+def turn(prompt: str, answer: str) -> list[dict]:
+    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+
+
+def samples_for(name: str, media: dict[str, Path]) -> tuple[list[Sample], list[str]]:
+    chosen = [
+        ("image", Sample(turn("<image>Describe the picture.", "A grey ramp."), images=[media["ramp"]])),
+        ("text", Sample(turn("Name three colours.", "Red, yellow and green."))),
+        ("video", Sample(turn("<video>What moves?", "A red box slides right."), videos=[media["clip"]])),
+    ]
+    if "omni" in name:
+        chosen.append(
+            ("audio", Sample(turn("<audio>What do you hear?", "A rising tone."), audios=[media["speech"]]))
+        )
+    return [s for _, s in chosen], [label for label, _ in chosen]
+
+
+def _features(model_dir: Path, samples, labels):
+    adapter = adapter_for(model_dir)
+    processor = adapter.load_processor(model_dir)
+    return (
+        adapter,
+        processor_fingerprint(model_dir),
+        prepare_features(processor, samples, labels=labels, fingerprint="x"),
+    )
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3-vl", "tiny-qwen2.5-omni", "tiny-qwen3-omni-moe"])
+def test_replaying_captured_inputs_through_the_decoder_gives_the_full_models_logits(zoo_model, media, name):
+    """What calibration sees is what the model computes: the decoder alone on its captured
+    inputs (text samples given the neutral values that Qwen3-VL's image samples carry) and the
+    head give the full model's logits, in float32, to the last bit."""
+    model_dir = zoo_model(name)
+    samples, labels = samples_for(name, media)
+    adapter, _, prepared = _features(model_dir, samples, labels)
+    model = adapter.load_model(model_dir, dtype=torch.float32)
+    captured = capture_decoder_inputs(
+        model, adapter, prepared.rows, layer_names=list(decoder_layers(model, adapter))
+    )
+    assert captured.captured == len(samples) and captured.cache_hits == 0
+    decoder = model.get_submodule(adapter.decoder_path)
+    head = model.get_submodule(adapter.head[0])
+    replays = uniform_kwargs(captured.rows)
+    assert len({frozenset(kwargs) for kwargs in replays}) == 1  # one signature: one traced graph
+    for row, kwargs in zip(prepared.rows, replays, strict=True):
+        with torch.no_grad():
+            full = model(**{k: v for k, v in row.inputs.items() if not isinstance(v, bool) or v}).logits
+            replayed = head(decoder(**kwargs).last_hidden_state)
+        assert torch.equal(full, replayed), row.label
+
+
+def test_towers_run_once_per_sample_and_never_for_a_cached_second_recipe(zoo_model, media, tmp_path):
+    name = "tiny-qwen2.5-omni"
+    samples, labels = samples_for(name, media)
+    first, second = (
+        quantize(
+            zoo_model(name),
+            tmp_path / recipe,
+            get_recipe(recipe),
+            samples,
+            sample_labels=labels,
+            cache_dir=tmp_path / "cache",
+            progress=False,
+        )
+        for recipe in ("fp8", "w4a16")
+    )
+    with_media = {kind: sum(kind in label for label in labels) for kind in ("image", "video", "audio")}
+    one = json.loads((first.output / "quantkit.json").read_text())["calibration"]
+    two = json.loads((second.output / "quantkit.json").read_text())["calibration"]
+    # Qwen2.5-Omni runs its vision tower once per image or video, its audio tower once per clip.
+    assert one["tower_calls"] == {
+        "vision": with_media["image"] + with_media["video"],
+        "audio": with_media["audio"],
+    }
+    assert (one["decoder_inputs"]["captured"], one["decoder_inputs"]["cache_hits"]) == (len(samples), 0)
+    assert two["tower_calls"] == {"vision": 0, "audio": 0}
+    assert (two["decoder_inputs"]["captured"], two["decoder_inputs"]["cache_hits"]) == (0, len(samples))
+    assert one["decoder_inputs"]["towers_hash"] == two["decoder_inputs"]["towers_hash"]
+    assert one["pipeline"] == two["pipeline"] == "sequential"
+    # Every decoder layer still saw every sample.
+    assert min(two["decoder_layer_calls"].values()) >= len(samples)
+
+
+def test_the_cache_follows_the_towers_weights(zoo_model, media, tmp_path):
+    name = "tiny-qwen3-vl"
+    model_dir = zoo_model(name)
+    samples, labels = samples_for(name, media)
+    adapter, fingerprint, prepared = _features(model_dir, samples, labels)
+    model = adapter.load_model(model_dir, dtype=torch.float32)
+    layers = list(decoder_layers(model, adapter))
+
+    def capture():
+        return capture_decoder_inputs(
+            model,
+            adapter,
+            prepared.rows,
+            layer_names=layers,
+            processor_fingerprint=fingerprint,
+            cache_dir=tmp_path,
+        )
+
+    first, again = capture(), capture()
+    assert (first.captured, again.cache_hits) == (len(samples), len(samples))
+    for a, b in zip(first.rows, again.rows, strict=True):
+        assert a.kwargs.keys() == b.kwargs.keys() and torch.equal(
+            a.kwargs["inputs_embeds"], b.kwargs["inputs_embeds"]
+        )
+    # A decoder-layer weight is not an input of the decoder: still a hit.
+    with torch.no_grad():
+        model.get_submodule(layers[0]).mlp.up_proj.weight.mul_(0.5)
+    assert capture().cache_hits == len(samples)
+    # A tower weight is: every sample is captured again.
+    with torch.no_grad():
+        next(model.get_submodule(adapter.vision_tower).parameters()).add_(0.01)
+    changed = capture()
+    assert (changed.captured, changed.cache_hits) == (len(samples), 0)
+    assert changed.towers_hash != first.towers_hash

@@ -1,0 +1,154 @@
+"""The memory plan: made from config.json alone, written by `quantize --dry-run`, recorded beside the
+measured peaks by a real run; an activation cache that does not fit spills to memory-mapped files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from quantkit.calibset import CalibrateOptions, build_calibration_set
+from quantkit.cli import app
+from quantkit.models import adapter_for
+from quantkit.models.inputs import Sample
+from quantkit.quantize import plan, quantize
+from quantkit.quantize.plan import GIB
+from quantkit.recipes import get_recipe
+
+pytestmark = pytest.mark.filterwarnings("ignore:Attempting to save a model with offloaded modules")
+runner = CliRunner()
+
+
+def config_only(zoo_model, name: str, root: Path) -> Path:
+    bare = root / f"{name}-config-only"
+    bare.mkdir(exist_ok=True)
+    shutil.copy(zoo_model(name) / "config.json", bare / "config.json")
+    return bare
+
+
+def text_samples(count: int) -> list[Sample]:
+    return [
+        Sample(
+            [
+                {"role": "user", "content": f"Count from {i} to {i + 9} in words, then say why."},
+                {"role": "assistant", "content": " ".join(["one two three four five six seven"] * (2 + i))},
+            ]
+        )
+        for i in range(count)
+    ]
+
+
+def test_plan_from_config_alone_counts_one_layers_hessians_and_every_solve(zoo_model, tmp_path):
+    bare = config_only(zoo_model, "tiny-qwen2.5-omni", tmp_path)
+    config = json.loads((bare / "config.json").read_text())["text_config"]
+    hidden, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    tokens = [100, 300, 50]
+    result = plan(
+        bare,
+        get_recipe("w4a16"),
+        text_samples(3),
+        sample_tokens=tokens,
+        calibration_dtype=torch.bfloat16,
+    )
+    memory = result.memory
+    # q, k, v, gate, up read the hidden size, o_proj the attention width (= hidden here), down the MLP's.
+    assert memory["per_gpu"]["hessians"] == 4 * (6 * hidden**2 + inter**2)
+    assert memory["layer_solves"] == 7 * layers and memory["subgraphs"] == layers + 1
+    assert memory["tokens"] == {"samples": 3, "total": 450, "max": 300, "source": "measured"}
+    # The activation cache grows with the samples' tokens, never with the layer count.
+    assert memory["host"]["activation_cache"] >= sum(tokens) * hidden * 2
+    assert memory["disk"]["checkpoint"] > 0 and memory["gib"]["host"] > 0
+    free = plan(bare, get_recipe("fp8-dynamic"), text_samples(3), sample_tokens=tokens)
+    assert free.memory["layer_solves"] == 0 and free.memory["host"]["activation_cache"] == 0
+    assert free.memory["per_gpu"]["hessians"] == 0
+
+
+def test_unknown_token_counts_are_assumed_and_said(zoo_model, tmp_path):
+    bare = config_only(zoo_model, "tiny-qwen3", tmp_path)
+    result = plan(bare, get_recipe("w4a16"), text_samples(2), sample_tokens=[None, 64])
+    assert result.memory["tokens"]["source"].startswith("assumed")
+    assert any("calibrate with --model" in note for note in result.memory["notes"])
+
+
+def test_an_activation_cache_larger_than_the_host_is_spilled(zoo_model, tmp_path):
+    from quantkit.quantize.plan import memory_plan
+    from quantkit.quantize.run import unfuse_experts_on_meta
+    from quantkit.quantize.targets import resolve_targets
+
+    bare = config_only(zoo_model, "tiny-qwen3-vl", tmp_path)
+    adapter = adapter_for(bare)
+    model = adapter.meta_model(bare)
+    unfuse_experts_on_meta(model)
+    targets = resolve_targets(model, adapter)
+    tokens = [20_000] * 50
+    common = dict(calibration_dtype=torch.bfloat16, saved_dtype=torch.bfloat16, device="cuda")
+    roomy = memory_plan(model, adapter, get_recipe("w4a16"), targets, tokens, available=1024 * GIB, **common)
+    tight = memory_plan(model, adapter, get_recipe("w4a16"), targets, tokens, available=8 * GIB, **common)
+    assert not roomy.spill and roomy.fits and "spilled_activations" not in roomy.disk
+    assert tight.spill and tight.fits
+    assert tight.disk["spilled_activations"] == roomy.host["activation_cache"] + roomy.host["captured_inputs"]
+    assert tight.host["total"] < roomy.host["total"]
+    assert any("memory-mapped" in note for note in tight.notes)
+
+
+def test_dry_run_cli_prints_and_writes_the_plan_from_a_config_only_folder(zoo_model, demo_pool, tmp_path):
+    model = zoo_model("tiny-qwen2.5-omni")
+    calib = tmp_path / "calib"
+    build_calibration_set([demo_pool], calib, CalibrateOptions(size=40, model=model, max_seq_len=1024))
+    bare = config_only(zoo_model, "tiny-qwen2.5-omni", tmp_path)
+    out = tmp_path / "out"
+    result = runner.invoke(
+        app,
+        [
+            "quantize",
+            str(bare),
+            "--recipe",
+            "w4a16",
+            "--calib",
+            str(calib),
+            "--output",
+            str(out),
+            "--dry-run",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "memory plan" in result.output and "host" in result.output and "disk" in result.output
+    written = json.loads((tmp_path / "out.plan.json").read_text())
+    rows = [json.loads(line) for line in (calib / "samples.jsonl").read_text().splitlines()]
+    assert written["memory"]["tokens"]["total"] == sum(row["tokens"] for row in rows)
+    assert written["memory"]["tokens"]["source"] == "measured"
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_spilled_run_writes_the_same_checkpoint_and_records_plan_and_peaks(zoo_model, tmp_path):
+    name = "tiny-qwen3"
+    samples = text_samples(4)
+    runs = {
+        spill: quantize(
+            zoo_model(name),
+            tmp_path / f"spill-{spill}",
+            get_recipe("w4a16"),
+            samples,
+            spill=spill,
+            progress=False,
+        )
+        for spill in (False, True)
+    }
+    memory = {spill: result.metadata["memory"] for spill, result in runs.items()}
+    assert memory[True]["measured"]["spilled"] and memory[True]["measured"]["spilled_bytes"] > 0
+    assert not memory[False]["measured"]["spilled"]
+    for record in memory.values():
+        assert record["plan"]["tokens"]["samples"] == len(samples)
+        assert record["measured"]["peak_rss"] > 0 and record["measured"]["captured_inputs"] > 0
+    on_disk = {
+        spill: load_file(str(next(result.output.glob("*.safetensors")))) for spill, result in runs.items()
+    }
+    assert on_disk[True].keys() == on_disk[False].keys()
+    assert all(torch.equal(on_disk[True][key], on_disk[False][key]) for key in on_disk[True])
+    assert not list(tmp_path.glob(".*.spill"))
