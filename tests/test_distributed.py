@@ -81,10 +81,9 @@ def test_two_ranks_match_one_process(vl_calibration, tmp_path):
     assert len(ranks) == 2 and all(ranks) and sum(ranks) == one_meta["calibration"]["samples_used"]
     assert sorted(two_meta["calibration"]["sample_ids"]) == sorted(one_meta["calibration"]["sample_ids"])
     assert two_meta["calibration"]["by_label"] == one_meta["calibration"]["by_label"]
-    # every image sample still reached the vision tower, summed over ranks
-    assert (
-        two_meta["calibration"]["tower_calls"]["vision"] >= one_meta["calibration"]["tower_calls"]["vision"]
-    )
+    # the towers ran once, in the single-process run; both ranks read its captured decoder inputs
+    assert one_meta["calibration"]["tower_calls"]["vision"] > 0
+    assert two_meta["calibration"]["decoder_inputs"]["cache_hits"] == ranks[0]  # rank 0's record
     assert not [p.name for p in tmp_path.iterdir() if ".partial" in p.name]  # no rank left a staging folder
 
     one_error = _output_error(model, tmp_path / "one")
