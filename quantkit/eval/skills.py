@@ -143,13 +143,22 @@ def score_model(
     model_dir: Path, task_names: list[str], *, items: int = 32, batch: int = 16, log=None
 ) -> ModelScores:
     """Generate greedily for ``items`` held-out items per task and score each by its metric."""
+    started = time.monotonic()
+    model, processor = _load(Path(model_dir))
+    label = Path(model_dir).name
+    results = score_loaded(model, processor, task_names, items=items, batch=batch, log=log, label=label)
+    return ModelScores(str(model_dir), round(time.monotonic() - started, 1), results)
+
+
+def score_loaded(
+    model, processor, task_names: list[str], *, items: int = 32, batch: int = 16, log=None, label: str = "model"
+) -> list[TaskScore]:
+    """The per-task scores of a model already in memory (the trainer measures its runs with it)."""
     import torch
 
     from quantkit.zoo.skills import processor_inputs
     from quantkit.zoo.skills_tasks import TASKS_BY_NAME, make_items
 
-    started = time.monotonic()
-    model, processor = _load(Path(model_dir))
     results = []
     for name in task_names:
         task = TASKS_BY_NAME[name]
@@ -169,8 +178,8 @@ def score_model(
             TaskScore(name, task.group, task.metric, len(scores), sum(scores) / len(scores), examples)
         )
         if log:
-            log(f"{Path(model_dir).name}: {name} {results[-1].score:.3f}")
-    return ModelScores(str(model_dir), round(time.monotonic() - started, 1), results)
+            log(f"{label}: {name} {results[-1].score:.3f}")
+    return results
 
 
 @dataclass
