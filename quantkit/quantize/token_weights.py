@@ -66,7 +66,8 @@ def turn_roles(ids: Sequence[int], tokenizer) -> list[str]:
     roles, current = [], "user"
     for index, token in enumerate(ids):
         if token == marker:
-            head = tokenizer.decode(list(ids[index + 1 : index + 4])).strip()
+            # A small vocabulary splits a role name into several tokens: read a few, no spaces.
+            head = "".join(tokenizer.decode(list(ids[index + 1 : index + 12])).split())
             current = next((role for word, role in ROLES.items() if head.startswith(word)), current)
         roles.append(current)
     return roles
