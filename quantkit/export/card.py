@@ -40,6 +40,16 @@ def _calibration(metadata: dict) -> list[str]:
         lines.append(
             "- tower forward calls during calibration: " + ", ".join(f"{k} {v}" for k, v in towers.items())
         )
+    weights = calib.get("token_weights")
+    if weights:
+        modality, role = (
+            ", ".join(f"{k} {v:g}" for k, v in weights[g].items()) for g in ("modality", "role")
+        )
+        lines.append(
+            f"- GPTQ token weights (weighted Hessian): modality {modality}; role {role}; "
+            f"task tier {'on' if weights['task_tier'] else 'off'}; {weights['zero_weight_tokens']} of "
+            f"{weights['tokens']} tokens at weight 0, mean weight {weights['mean_weight']}"
+        )
     return lines
 
 

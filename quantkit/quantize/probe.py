@@ -35,6 +35,7 @@ class CalibrationProbe:
     counts: dict[str, int] = field(default_factory=dict)
     capture: object | None = None  # the CapturedInputs calibration ran on (sequential pipeline)
     spill: object | None = None  # the Spill that held the activation cache on disk, if any
+    token_weights: dict | None = None  # quantkit.json's record of the recipe's token weights (when on)
     _handles: list = field(default_factory=list)
 
     def watched(self) -> dict[str, torch.nn.Module]:

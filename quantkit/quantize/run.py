@@ -72,6 +72,7 @@ from quantkit.quantize.plan import memory_plan
 from quantkit.quantize.probe import CalibrationProbe
 from quantkit.quantize.scales import check_scales
 from quantkit.quantize.spill import spilled_activations
+from quantkit.quantize.token_weights import sample_weights, weights_summary, with_token_weights
 from quantkit.recipes import Recipe, build_modifiers, resolved_scheme
 from quantkit.recipes.schema import GROUP_SCHEMES
 
@@ -142,6 +143,7 @@ class QuantizeResult:
     precision: PrecisionPlan | None = None  # group size and 8-bit layers (W4A16 family)
     sensitivity: object | None = field(repr=False, default=None)  # the SensitivityTable used
     decoder_inputs: dict | None = None  # what the decoder was calibrated on (captured, cached, bytes)
+    token_weights: dict | None = None  # the recipe's token_weights and how they came out (when on)
     world_size: int = 1  # ranks that calibrated (quantize --nproc)
     samples_per_rank: list[int] = field(default_factory=list)
     wrote: bool = True  # False on ranks other than 0 under torchrun
@@ -472,6 +474,15 @@ def calibrate(
     ``spill_folder`` the captured inputs and the activation cache live in memory-mapped files
     there (``probe.spill`` says how much)."""
     modifiers = _modifiers(recipe, adapter, targets, config_groups)
+    weights_record = None
+    if recipe.token_weights is not None and prepared is not None:
+        vectors = sample_weights(
+            prepared.rows, recipe.token_weights, config=model.config, processor=processor
+        )
+        modifiers, weights_record = (
+            with_token_weights(modifiers, vectors),
+            weights_summary(recipe.token_weights, vectors),
+        )
     with contextlib.ExitStack() as stack:
         probe = stack.enter_context(CalibrationProbe(model, adapter))
         spill = stack.enter_context(spilled_activations(spill_folder)) if spill_folder is not None else None
@@ -506,7 +517,7 @@ def calibrate(
             decoder=decoder,
             trust_remote_code=adapter.trust_remote_code,
         )
-    probe.capture, probe.spill = captured, spill
+    probe.capture, probe.spill, probe.token_weights = captured, spill, weights_record
     if prepared is not None:
         rows = prepared.rows
         towers = captured.tower_samples if captured is not None else {}
@@ -756,6 +767,7 @@ def quantize(
             samples_per_rank=per_rank,
             wrote=context is None or context.is_main,
             decoder_inputs=_capture_summary(probe.capture, adapter),
+            token_weights=probe.token_weights,
         )
         if not result.wrote:
             join_compressed_save(model, output)  # rank 0 writes the files
@@ -920,7 +932,9 @@ def build_metadata(
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "source": {"model": str(model_dir), "architecture": result.architecture},
         "adapter": adapter.model_dump(mode="json"),
-        "recipe": recipe.model_dump(mode="json"),
+        "recipe": recipe.model_dump(
+            mode="json", exclude={"token_weights"} if recipe.token_weights is None else None
+        ),
         "resolved_scheme": resolved_scheme(recipe, group_size=precision.group_size if precision else None),
         "precision": precision.to_dict() if precision else None,
         "checkpoint_format": result.checkpoint_format,
@@ -941,6 +955,7 @@ def build_metadata(
             "cache_hits": result.cache_hits,
             "tower_calls": towers,
             "decoder_inputs": result.decoder_inputs,
+            **({"token_weights": result.token_weights} if result.token_weights is not None else {}),
             "decoder_layer_calls": {
                 k: v
                 for k, v in result.calibration_calls.items()

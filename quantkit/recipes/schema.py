@@ -42,6 +42,38 @@ class DriftLimits(BaseModel):
     min_cosine: float = Field(ge=-1, le=1, description="mean cosine between logit vectors")
 
 
+class ModalityWeights(BaseModel):
+    """Token-weight multipliers by what a position holds (the model's media placeholder tokens)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: float = Field(default=1.0, ge=0)
+    image: float = Field(default=1.0, ge=0)
+    video: float = Field(default=1.0, ge=0)
+    audio: float = Field(default=1.0, ge=0)
+
+
+class RoleWeights(BaseModel):
+    """Token-weight multipliers by chat turn (from the chat template's turn markers)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    system: float = Field(default=1.0, ge=0)
+    user: float = Field(default=1.0, ge=0)
+    answer: float = Field(default=1.0, ge=0, description="the assistant's turns")
+
+
+class TokenWeights(BaseModel):
+    """GPTQ with a weighted Hessian, H = sum_t w_t x_t x_t^T, w_t = modality x role (x the sample's
+    task-tier weight from the taxonomy when ``task_tier``). Absent: every token counts the same."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    modality: ModalityWeights = Field(default_factory=ModalityWeights)
+    role: RoleWeights = Field(default_factory=RoleWeights)
+    task_tier: bool = Field(default=False, description="multiply by the sample's task-tier weight")
+
+
 class Recipe(BaseModel):
     """A quantization recipe (``recipes/NAME.yaml`` or a user file)."""
 
@@ -90,6 +122,9 @@ class Recipe(BaseModel):
     )
     kv_cache_fp8: bool = False
     drift_thresholds: DriftLimits | None = None
+    token_weights: TokenWeights | None = Field(
+        default=None, description="GPTQ only: weight tokens by modality, role and task tier (off: absent)"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:
@@ -98,7 +133,7 @@ class Recipe(BaseModel):
                 f"smoothquant_strength: SmoothQuant only helps schemes that quantize activations, not {self.scheme}"
             )
         if self.method != "gptq":
-            stray = {"actorder", "dampening_frac"} & self.model_fields_set
+            stray = {"actorder", "dampening_frac", "token_weights"} & self.model_fields_set
             if stray:
                 raise ValueError(f"{', '.join(sorted(stray))}: GPTQ settings need method: gptq")
         if self.scheme not in GROUP_SCHEMES:
