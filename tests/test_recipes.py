@@ -27,7 +27,7 @@ SQ_MAPPINGS = [
 
 def test_builtin_recipes_listed_with_scheme_data_needs_and_hardware():
     infos = {info.name: info for info in list_recipes()}
-    assert set(infos) == {"w8a8-sq-gptq", "fp8", "fp8-dynamic", "w4a16"}
+    assert {"w8a8-sq-gptq", "fp8", "fp8-dynamic", "w4a16"} <= set(infos)  # newer ones: test_recipes_2026
     expected = {
         "w8a8-sq-gptq": ("W8A8", True, "int-quantized"),
         "fp8": ("FP8", True, "float-quantized"),
