@@ -108,7 +108,7 @@ def test_unknown_field_is_rejected_at_its_line(tmp_path: Path):
             "smoothquant",
         ),  # weight-only: SQ is pointless
         ("scheme: FP8\nmethod: rtn\nactorder: group\n", "actorder"),  # GPTQ setting without GPTQ
-        ("scheme: NVFP4\nmethod: rtn\n", "scheme"),
+        ("scheme: MXFP4\nmethod: rtn\n", "scheme"),  # a preset quantkit does not take
         ("scheme: W8A8\nmethod: awq\n", "method"),
     ],
 )
