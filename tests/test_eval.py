@@ -260,7 +260,8 @@ def test_table_equals_a_direct_harness_run(qwen3_pair, tmp_path):
     assert payload["data"]["sha256"] and "pydoc_data" in payload["data"]["source"]
     card = (checkpoint / "README.md").read_text()
     assert card.count(SECTION_START) == 1 and "quantkit_prose_ppl" in card
-    assert card.startswith("# ")  # the quantize model card is still there, the section after it
+    # The quantize model card is still there (Hub front matter, then its title), the section after it.
+    assert card.startswith("---\n") and card.index("\n# ") < card.index(SECTION_START)
 
 
 def test_cli_exits_1_when_a_checkpoint_loses_too_much(qwen3_pair, tmp_path):

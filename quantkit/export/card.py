@@ -2,7 +2,37 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
+from pathlib import PurePath
+
+import yaml
+
+# What serves each compressed-tensors preset in vLLM (0.32: the compressed-tensors scheme class
+# its config matcher picks, and the kernels by CUDA compute capability, SM = major*10+minor).
+SERVING: dict[str, str] = {
+    "W8A8": "vLLM `CompressedTensorsW8A8Int8`: CUTLASS int8 GEMM on SM75+ (Turing, Ampere and newer); "
+    "the CPU backend (oneDNN, AVX2/AVX-512)",
+    "W4A16": "vLLM `CompressedTensorsWNA16`: Marlin on SM80+ (Ampere and newer), Machete on SM90 (Hopper); "
+    "the CPU backend on AVX-512",
+    "FP8": "vLLM `CompressedTensorsW8A8Fp8`: FP8 tensor cores on SM89+ (Ada, Hopper, Blackwell); "
+    "Marlin FP8 weight-only below SM89; no static-FP8 kernel on the CPU backend",
+    "FP8_DYNAMIC": "vLLM `CompressedTensorsW8A8Fp8`: FP8 tensor cores on SM89+ (Ada, Hopper, Blackwell); "
+    "Marlin FP8 weight-only below SM89",
+    "FP8_BLOCK": "vLLM `CompressedTensorsW8A8Fp8` with 128x128 weight blocks: block-scaled FP8 GEMM "
+    "(CUTLASS / DeepGEMM) on SM90 (Hopper) and SM100 (Blackwell), Triton block kernel on SM89 (Ada)",
+    "NVFP4A16": "vLLM `CompressedTensorsW4A4Fp4(use_a16=True)`: Marlin FP4 weight-only on SM80+ (Ampere, "
+    "Ada, Hopper), FlashInfer / CUTLASS on SM100 and SM120 (Blackwell)",
+    "NVFP4": "vLLM `CompressedTensorsW4A4Fp4`: native FP4 tensor cores (CUTLASS / FlashInfer) on SM100 "
+    "(B200, GB200) and SM120 (RTX 50, RTX PRO 6000); below Blackwell vLLM falls back to weight-only FP4 "
+    "(Marlin) or emulation",
+    "W4AFP8": "vLLM `CompressedTensorsW4A8Fp8`: CUTLASS int4 x FP8 mixed-input GEMM on SM90 (Hopper) only",
+}
+
+# The Hub's pipeline tag by what the model takes besides text.
+PIPELINE_TAGS = {(False, False): "text-generation", (True, False): "image-text-to-text"}
+_HUB_CACHE = re.compile(r"models--([^/]+?)--([^/]+)")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def _group_table(metadata: dict) -> list[str]:
@@ -109,10 +139,46 @@ def _precision(metadata: dict) -> list[str]:
     return [*lines, ""]
 
 
+def base_model_id(source: str) -> tuple[str, bool]:
+    """The Hub id of the source model and whether it is one: a Hub cache snapshot path
+    (``.../models--Org--Name/snapshots/...``) or a bare ``org/name``; else the folder's name."""
+    found = _HUB_CACHE.search(source)
+    if found:
+        return f"{found.group(1)}/{found.group(2)}", True
+    if _HUB_ID.match(source) and not source.startswith(("./", "../")):
+        return source, True
+    return PurePath(source).name or source, False
+
+
+def front_matter(metadata: dict) -> dict:
+    """The YAML header the Hugging Face Hub reads (base model, relation, library, tags, pipeline)."""
+    adapter = metadata.get("adapter") or {}
+    scheme = metadata["resolved_scheme"]["preset"]
+    base, _ = base_model_id(metadata["source"]["model"])
+    tags = ["quantkit", "compressed-tensors", scheme.lower(), metadata["recipe"]["name"]]
+    if metadata["recipe"].get("method") == "gptq":
+        tags.append("gptq")
+    return {
+        "base_model": base,
+        "base_model_relation": "quantized",
+        "library_name": "transformers",
+        "pipeline_tag": PIPELINE_TAGS.get(
+            (bool(adapter.get("vision_tower")), bool(adapter.get("audio_tower"))), "any-to-any"
+        ),
+        "tags": list(dict.fromkeys(tags)),
+    }
+
+
+def render_front_matter(metadata: dict) -> str:
+    return "---\n" + yaml.safe_dump(front_matter(metadata), sort_keys=False) + "---\n"
+
+
 def render_model_card(metadata: dict) -> str:
     recipe = metadata["recipe"]
     scheme = metadata["resolved_scheme"]
+    _, on_hub = base_model_id(metadata["source"]["model"])
     lines = [
+        render_front_matter(metadata),
         f"# {metadata['name']}",
         "",
         f"Quantized with quantkit from `{metadata['source']['model']}` "
@@ -150,6 +216,8 @@ def render_model_card(metadata: dict) -> str:
         "",
         "## Serving",
         "",
+        f"Kernels: {SERVING[scheme['preset']]}." if scheme["preset"] in SERVING else "",
+        "",
         "```",
         "vllm serve <this folder>",
         "```",
@@ -162,6 +230,14 @@ def render_model_card(metadata: dict) -> str:
         "Library versions: " + ", ".join(f"{k} {v}" for k, v in metadata["libraries"].items() if v) + ".",
         f"Wall time {metadata['run']['wall_time_s']} s, peak RSS {metadata['run']['peak_rss_mb']} MB.",
         "Full details in `quantkit.json`.",
+        *(
+            []
+            if on_hub
+            else [
+                "",
+                "The source was a local folder: set `base_model` above to its Hub id before uploading.",
+            ]
+        ),
         "",
     ]
     return "\n".join(lines)

@@ -31,6 +31,7 @@ import torch
 from quantkit.models.adapters import Adapter
 from quantkit.models.targets import TargetPlan, decoder_layers
 from quantkit.recipes import Recipe
+from quantkit.recipes.schema import FOUR_BIT_SCHEMES
 
 GIB = 2**30
 # Resident memory of a process that imported torch, transformers and llmcompressor (measured on
@@ -48,7 +49,7 @@ def _dtype_bytes(dtype: torch.dtype) -> int:
 
 
 def _weight_bits(recipe: Recipe) -> int:
-    return 4 if recipe.scheme == "W4A16" else 8
+    return 4 if recipe.scheme in FOUR_BIT_SCHEMES else 8
 
 
 def host_memory_available() -> int | None:

@@ -12,11 +12,22 @@ SCHEME_FORMATS: dict[str, str] = {
     "W4A16": "pack-quantized",  # int4 weights packed in int32, group 128
     "FP8": "float-quantized",  # per-tensor FP8 weights, static per-tensor input scale
     "FP8_DYNAMIC": "float-quantized",  # per-channel FP8 weights, dynamic per-token activations
+    # 128x128 FP8 weight blocks, dynamic per-token-group (128) FP8 activations (DeepSeek / Qwen FP8)
+    "FP8_BLOCK": "float-quantized",
+    # FP4 (e2m1) weights in groups of 16 with FP8 scales and a per-tensor global scale, 16-bit activations
+    "NVFP4A16": "nvfp4-pack-quantized",
+    # NVFP4 weights and FP4 activations (groups of 16, global input scale calibrated from data)
+    "NVFP4": "nvfp4-pack-quantized",
+    # int4 weights packed in int32 (group 128, symmetric), dynamic per-token FP8 activations
+    "W4AFP8": "pack-quantized",
 }
-# Schemes whose activations are quantized with scales fixed from calibration data.
-STATIC_ACTIVATION_SCHEMES = {"FP8"}
+# Schemes whose activations are quantized with scales fixed from calibration data (NVFP4: the
+# activations' per-tensor global scale; the per-group scales stay dynamic).
+STATIC_ACTIVATION_SCHEMES = {"FP8", "NVFP4"}
 # Schemes that quantize activations at all (SmoothQuant only helps those).
-ACTIVATION_SCHEMES = {"W8A8", "FP8", "FP8_DYNAMIC"}
+ACTIVATION_SCHEMES = {"W8A8", "FP8", "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4", "W4AFP8"}
+# Schemes with 4-bit weights (the others are 8-bit).
+FOUR_BIT_SCHEMES = {"W4A16", "NVFP4A16", "NVFP4", "W4AFP8"}
 
 # Schemes whose weights are quantized in groups along the input features (group_size applies).
 GROUP_SCHEMES = {"W4A16"}
@@ -25,7 +36,7 @@ GROUP_SCHEMES = {"W4A16"}
 GPTQ_DEFAULT_ACTORDER = "static"
 GPTQ_DEFAULT_DAMPENING_FRAC = 0.01
 
-Scheme = Literal["W8A8", "W4A16", "FP8", "FP8_DYNAMIC"]
+Scheme = Literal["W8A8", "W4A16", "FP8", "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4A16", "NVFP4", "W4AFP8"]
 # Schemes a W4A16 recipe keeps its 8-bit layers in (mixed precision, or no group size divides).
 PromotedScheme = Literal["W8A16", "W8A8"]
 ActOrder = Literal["static", "weight", "group", "dynamic"]

@@ -20,11 +20,20 @@ from quantkit.models.adapters import Adapter, adapter_for
 # Stored dtypes a compression format writes for a quantized weight.
 WEIGHT_DTYPES = {
     "pack-quantized": ("weight_packed", {"I32"}),
+    "nvfp4-pack-quantized": ("weight_packed", {"U8"}),  # two FP4 (e2m1) values per byte
     "int-quantized": ("weight", {"I8"}),
     "float-quantized": ("weight", {"F8_E4M3"}),
     "naive-quantized": ("weight", {"I8", "F8_E4M3", "BF16", "F16", "F32"}),
 }
-SCALE_SUFFIXES = ("weight_scale", "input_scale", "output_scale", "k_scale", "v_scale", "weight_global_scale")
+SCALE_SUFFIXES = (
+    "weight_scale",
+    "input_scale",
+    "output_scale",
+    "k_scale",
+    "v_scale",
+    "weight_global_scale",
+    "input_global_scale",
+)
 FILES_CHECK = "weight files complete (safetensors headers and sizes)"
 DTYPE_BYTES = {"I32": 4, "I64": 8, "I8": 1, "U8": 1, "F8_E4M3": 1, "BF16": 2, "F16": 2, "F32": 4, "F64": 8}
 
@@ -275,7 +284,7 @@ def _layout_problems(claimed, stored, linears, index, saved_name) -> list[str]:
         if weight.dtype not in dtypes:
             problems.append(f"{name}.{weight_key}: dtype {weight.dtype}, expected {sorted(dtypes)}")
         if weight_key == "weight_packed":
-            per_int = 32 // scheme.weights.num_bits
+            per_int = DTYPE_BYTES.get(weight.dtype, 4) * 8 // scheme.weights.num_bits
             if weight.shape != (out_f, math.ceil(in_f / per_int)):
                 problems.append(
                     f"{name}.weight_packed: shape {weight.shape}, expected {(out_f, math.ceil(in_f / per_int))}"

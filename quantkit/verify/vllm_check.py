@@ -76,7 +76,17 @@ MISSING_KERNEL_MESSAGES = (
 # compressed-tensors presets quantkit's recipes write, each served by vLLM on the GPUs its recipe
 # targets (recipes/targets.yaml); plus the 8-bit layers of a W4A16 recipe (quantkit's own
 # per-channel W8A16 / W8A8: quantkit.quantize.mixed.high_scheme).
-SHIPPED_PRESETS = ("W8A8", "W4A16", "W4A16_ASYM", "FP8", "FP8_DYNAMIC")
+SHIPPED_PRESETS = (
+    "W8A8",
+    "W4A16",
+    "W4A16_ASYM",
+    "FP8",
+    "FP8_DYNAMIC",
+    "FP8_BLOCK",
+    "NVFP4A16",
+    "NVFP4",
+    "W4AFP8",
+)
 SHIPPED_PROMOTED = ("W8A16", "W8A8")
 _ARG_FIELDS = ("num_bits", "type", "strategy", "symmetric", "dynamic")
 
@@ -103,7 +113,7 @@ def shipped_schemes(quantization_config: dict) -> list[str] | None:
     for group in groups.values():
         weights = group.get("weights") or {}
         name = presets.get((_signature(weights), _signature(group.get("input_activations"))))
-        if name is None or weights.get("group_size") not in (None, 32, 64, 128):
+        if name is None or weights.get("group_size") not in (None, 16, 32, 64, 128):
             return None
         found.append(name)
     return found or None

@@ -1,0 +1,122 @@
+"""The 2026 recipes (issue 21): block-wise FP8 and NVFP4 weight-only, on every zoo model.
+
+Real libraries (llmcompressor, compressed-tensors, transformers, vLLM where it has a kernel), the
+tiny zoo models and real media; the fixtures and helpers are test_quantize's.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import test_quantize
+import torch
+from test_verify import served_or_skip
+
+from quantkit.export.card import SERVING
+from quantkit.models import adapter_for
+from quantkit.recipes import SCHEME_FORMATS, get_recipe, list_recipes
+from quantkit.recipes.modifiers import build_modifiers, resolved_scheme
+from quantkit.verify import audit_checkpoint
+from quantkit.verify.vllm_check import shipped_schemes, vllm_python
+from quantkit.zoo.models import ZOO
+
+pytestmark = pytest.mark.filterwarnings("ignore:Attempting to save a model with offloaded modules")
+
+# recipe -> (compressed-tensors preset, needs calibration data, checkpoint format)
+NEW_RECIPES = {
+    "fp8-block": ("FP8_BLOCK", False, "float-quantized"),
+    "nvfp4-a16": ("NVFP4A16", False, "nvfp4-pack-quantized"),
+}
+MATRIX = [(m, r) for m in ZOO for r in NEW_RECIPES]
+
+# test_quantize's fixtures: media, the feature cache, quantize once per (model, recipe), bf16 logits.
+media = test_quantize.media
+features_cache = test_quantize.features_cache
+quantized = test_quantize.quantized
+reference = test_quantize.reference
+
+
+# ------------------------------------------------------------------------------ the recipe files
+
+
+def test_new_recipes_are_listed_with_scheme_data_needs_and_format():
+    infos = {info.name: info for info in list_recipes()}
+    for name, (scheme, needs_data, fmt) in NEW_RECIPES.items():
+        info = infos[name]
+        assert (info.scheme, info.needs_data, info.checkpoint_format) == (scheme, needs_data, fmt)
+        assert SCHEME_FORMATS[scheme] == fmt
+        assert info.hardware and info.description
+
+
+@pytest.mark.parametrize("name", list(NEW_RECIPES))
+def test_new_recipes_are_the_library_presets(name):
+    """quantkit.json reports the compressed-tensors preset itself, and llmcompressor gets its name."""
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    scheme = NEW_RECIPES[name][0]
+    recipe = get_recipe(name)
+    (modifier,) = build_modifiers(recipe, targets=["re:.*language_model.*"], ignore=["lm_head"])
+    assert modifier.scheme == scheme
+    preset = preset_name_to_scheme(scheme, ["Linear"]).model_dump(mode="json", exclude_none=True)
+    resolved = resolved_scheme(recipe)
+    assert resolved["preset"] == scheme and resolved["format"] == NEW_RECIPES[name][2]
+    assert resolved["weights"] == preset["weights"]
+    assert resolved.get("input_activations") == preset.get("input_activations")
+    assert scheme in SERVING
+
+
+def test_fp8_block_has_128x128_weight_blocks_and_nvfp4_a16_leaves_activations_alone():
+    block = resolved_scheme(get_recipe("fp8-block"))
+    assert block["weights"]["strategy"] == "block" and block["weights"]["block_structure"] == [128, 128]
+    assert block["input_activations"]["dynamic"] is True and block["input_activations"]["group_size"] == 128
+    fp4 = resolved_scheme(get_recipe("nvfp4-a16"))
+    assert (fp4["weights"]["num_bits"], fp4["weights"]["type"], fp4["weights"]["group_size"]) == (
+        4,
+        "float",
+        16,
+    )
+    assert "input_activations" not in fp4
+
+
+# ------------------------------------------------------------------------------ the matrix
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, recipe_name", MATRIX, ids=[f"{m}-{r}" for m, r in MATRIX])
+def test_new_recipe_on_every_zoo_model(quantized, reference, zoo_model, name, recipe_name):
+    result = quantized(name, recipe_name)
+    output = result.output
+    adapter = adapter_for(zoo_model(name))
+    scheme, needs_data, fmt = NEW_RECIPES[recipe_name]
+
+    config = json.loads((output / "config.json").read_text())
+    assert config["quantization_config"]["format"] == fmt == result.checkpoint_format
+    assert shipped_schemes(config["quantization_config"]) == [scheme]
+    assert not needs_data and result.samples_used == 0 and result.pipeline == "datafree"
+
+    # The audit: files, layout and scales, and only the language model quantized.
+    audit = audit_checkpoint(output)
+    assert audit.passed, [(c.name, c.detail) for c in audit.checks if not c.passed]
+    lm = adapter.language_model + "."
+    assert result.quantized_modules and all(m.startswith(lm) for m in result.quantized_modules)
+    assert result.counts["language_model"]["quantized"] == len(result.quantized_modules)
+    assert not any(row["quantized"] for group, row in result.counts.items() if group != "language_model")
+
+    # transformers reloads it (compressed-tensors decompresses) and runs every modality it takes.
+    model = adapter.load_model(output, dtype=torch.bfloat16)
+    for kind, (inputs, ref_logits) in reference(name).items():
+        with torch.no_grad():
+            logits = model(**inputs).logits.float()
+        assert logits.shape == ref_logits.shape and torch.isfinite(logits).all(), kind
+    assert scheme in SERVING and SERVING[scheme] in (output / "README.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(vllm_python() is None, reason="no vLLM environment (make vllm-env)")
+@pytest.mark.parametrize("recipe_name", list(NEW_RECIPES))
+def test_vllm_serves_the_new_recipe_or_names_the_missing_kernel(quantized, recipe_name):
+    """vLLM's CPU backend has no block-FP8 or FP4 kernel: a skip with vLLM's reason, never a pass."""
+    from quantkit.verify.vllm_check import check_with_vllm
+
+    served_or_skip(check_with_vllm(quantized("tiny-qwen3-vl", recipe_name).output))
