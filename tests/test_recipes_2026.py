@@ -28,7 +28,20 @@ NEW_RECIPES = {
     "fp8-block": ("FP8_BLOCK", False, "float-quantized"),
     "nvfp4-a16": ("NVFP4A16", False, "nvfp4-pack-quantized"),
 }
-MATRIX = [(m, r) for m in ZOO for r in NEW_RECIPES]
+# transformers 5.17 cannot reload block-scaled FP8 into fused MoE experts: its DecompressExperts
+# stacks the per-expert weight_scale blocks against the fused weight's rows (size mismatch 256 vs 2).
+# Strict: the day it reloads, this fails and the known limit in README goes.
+KNOWN_RELOAD_FAILURES = {
+    ("tiny-qwen3-omni-moe", "fp8-block"): "transformers' DecompressExperts cannot re-fuse block-scaled FP8 experts"
+}
+MATRIX = [
+    pytest.param(m, r, marks=pytest.mark.xfail(strict=True, reason=KNOWN_RELOAD_FAILURES[m, r]))
+    if (m, r) in KNOWN_RELOAD_FAILURES
+    else (m, r)
+    for m in ZOO
+    for r in NEW_RECIPES
+]
+MATRIX_IDS = [f"{m}-{r}" for m in ZOO for r in NEW_RECIPES]
 
 # test_quantize's fixtures: media, the feature cache, quantize once per (model, recipe), bf16 logits.
 media = test_quantize.media
@@ -83,7 +96,7 @@ def test_fp8_block_has_128x128_weight_blocks_and_nvfp4_a16_leaves_activations_al
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, recipe_name", MATRIX, ids=[f"{m}-{r}" for m, r in MATRIX])
+@pytest.mark.parametrize("name, recipe_name", MATRIX, ids=MATRIX_IDS)
 def test_new_recipe_on_every_zoo_model(quantized, reference, zoo_model, name, recipe_name):
     result = quantized(name, recipe_name)
     output = result.output
