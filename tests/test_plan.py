@@ -152,3 +152,36 @@ def test_a_spilled_run_writes_the_same_checkpoint_and_records_plan_and_peaks(zoo
     assert on_disk[True].keys() == on_disk[False].keys()
     assert all(torch.equal(on_disk[True][key], on_disk[False][key]) for key in on_disk[True])
     assert not list(tmp_path.glob(".*.spill"))
+
+
+def test_the_meta_tree_gives_the_plan_of_the_loaded_model_moe_included(zoo_model):
+    """The dry run's module tree (meta device, experts unfused without init) is the tree a real run
+    quantizes (weights loaded, experts unfused by llmcompressor): same shapes, same memory plan."""
+    from quantkit.models.loading import unfuse_experts
+    from quantkit.quantize.plan import memory_plan
+    from quantkit.quantize.run import unfuse_experts_on_meta
+    from quantkit.quantize.targets import resolve_targets
+
+    folder = zoo_model("tiny-qwen3-omni-moe")
+    adapter = adapter_for(folder)
+    meta = adapter.meta_model(folder)
+    unfuse_experts_on_meta(meta)
+    loaded = adapter.load_model(folder, dtype=torch.bfloat16)
+    unfuse_experts(loaded)
+    shapes = [{name: tuple(p.shape) for name, p in m.named_parameters()} for m in (meta, loaded)]
+    assert shapes[0] == shapes[1]
+    plans = [
+        memory_plan(
+            m,
+            adapter,
+            get_recipe("w4a16"),
+            resolve_targets(m, adapter),
+            [300, 50],
+            calibration_dtype=torch.bfloat16,
+            saved_dtype=torch.bfloat16,
+            device="cuda",
+            available=0,
+        ).to_dict()
+        for m in (meta, loaded)
+    ]
+    assert plans[0] == plans[1] and plans[0]["layer_solves"] > 0

@@ -572,13 +572,16 @@ def check_precision_plan(plan: PrecisionPlan, names: list[str]) -> None:
     if plan.group_size is not None:
         targets.append(("Linear", low))
     problems = []
+    given = {
+        name: _scheme_index(name, targets) for name in {*names, *(n for u in plan.units for n in u.layers)}
+    }
     for name in names:
-        got = _scheme_index(name, targets)
+        got = given[name]
         expected = planned_scheme(plan, name)
         if got != expected:
             problems.append(f"{name}: planned {expected}, the config groups give {got}")
     for unit in plan.units:
-        got = {_scheme_index(layer, targets) for layer in unit.layers}
+        got = {given[layer] for layer in unit.layers}
         if len(got) > 1:
             problems.append(f"fused unit {unit.unit} would get different schemes {sorted(map(str, got))}")
     if problems:

@@ -131,6 +131,13 @@ def _layer_figures(layer: torch.nn.Module, targeted: set[int], gptq: bool) -> tu
     return params, hessians, workspace, widest
 
 
+def _module_ids(model: torch.nn.Module, names: list[str]) -> set[int]:
+    """The ids of the modules called ``names``: one walk of the tree (``get_submodule`` per name
+    walks the path again for each of a MoE model's 18k expert Linears)."""
+    modules = dict(model.named_modules())
+    return {id(modules[name]) for name in names}
+
+
 def _text_config(decoder: torch.nn.Module):
     config = getattr(decoder, "config", None)
     return getattr(config, "text_config", None) or config
@@ -143,7 +150,7 @@ def checkpoint_bytes(
     for asymmetric groups), every other tensor in the saved dtype."""
     saved_bytes = _dtype_bytes(saved)
     bits = _weight_bits(recipe)
-    quantized = {id(model.get_submodule(name)) for name in targets.quantize}
+    quantized = _module_ids(model, targets.quantize)
     total = 0
     for module in model.modules():
         own = sum(p.numel() for p in module.parameters(recurse=False))
@@ -186,7 +193,7 @@ def memory_plan(
     heads = int(getattr(text, "num_attention_heads", 1))
     head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
     gptq = recipe.method == "gptq" and recipe.needs_data
-    targeted = {id(model.get_submodule(name)) for name in targets.quantize}
+    targeted = _module_ids(model, targets.quantize)
     figures = [_layer_figures(layer, targeted, gptq) for layer in layers.values()]
     layer_params, hessians, workspace, widest = (max(column) for column in zip(*figures, strict=True))
 
