@@ -184,8 +184,8 @@ def llamafactory_data(root: Path) -> Path:
     return data
 
 
-# Two text tasks, one per tier: the smallest taxonomy that still stratifies (calibrate, faults).
-TWO_TIER_TAXONOMY = """\
+# The tiers and buckets of the small test taxonomies (tasks follow it).
+TWO_TIER_HEADER = """\
 version: 1
 tiers: {high: 3.0, low: 1.0}
 buckets:
@@ -194,6 +194,9 @@ buckets:
   audio_seconds: [10, 30]
   image_rule: {patch_size: 14, merge_size: 2, min_pixels: 3136, max_pixels: 12845056}
 tasks:
+"""
+# Two text tasks, one per tier: the smallest taxonomy that still stratifies (calibrate, faults).
+TWO_TIER_TAXONOMY = TWO_TIER_HEADER + """\
   - {name: precise, family: text, modalities: [text], tier: high}
   - {name: casual, family: text, modalities: [text], tier: low}
 """

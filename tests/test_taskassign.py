@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from fixtures_pool import TWO_TIER_HEADER
 
 from quantkit.errors import InputError
 from quantkit.taskassign import TaskAssigner, TaskEvidence, UnknownTaskError, source_matches
@@ -29,15 +30,7 @@ def taxonomy():
     return load_taxonomy()
 
 
-TWO_RULES = """\
-version: 1
-tiers: {high: 3.0, low: 1.0}
-buckets:
-  image_tokens: [256, 1024]
-  video_seconds: [10, 60]
-  audio_seconds: [10, 30]
-  image_rule: {patch_size: 14, merge_size: 2, min_pixels: 3136, max_pixels: 12845056}
-tasks:
+TWO_RULES = TWO_TIER_HEADER + """\
   - name: precise
     aliases: [exact]
     family: text
