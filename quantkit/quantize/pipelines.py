@@ -94,6 +94,41 @@ def library_pipeline(pipeline: Literal["sequential", "basic"], *, decoder: str |
     return "independent"
 
 
+@contextlib.contextmanager
+def _ranks_synced_after_compression() -> Iterator[None]:
+    """Under torchrun with the model on CPUs, a barrier after each compression event.
+
+    There every rank's modules live in CPU memory the ranks share (compressed-tensors'
+    distributed CPU cache), and llmcompressor sends no compressed module to the other ranks
+    (``broadcast_qparams_and_cleanup`` skips CPU modules): the module's owner writes its weight
+    and scales in place, and nothing marks the end of those writes. Without the barrier a rank
+    reads a layer another is still writing: in the next layer's inputs, or, after the last
+    layer, in the checks and the save (seen: 2,074 negative scales in the last layer's up_proj).
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        yield
+        return
+    from compressed_tensors.utils import patch_attr
+    from llmcompressor.core import LifecycleCallbacks
+
+    def then_barrier(event):
+        def synced(*args, **kwargs):
+            result = event(*args, **kwargs)
+            dist.barrier()
+            return result
+
+        return synced
+
+    with contextlib.ExitStack() as stack:
+        for name in ("sequential_epoch_end", "calibration_end"):
+            stack.enter_context(
+                patch_attr(LifecycleCallbacks, name, then_barrier(getattr(LifecycleCallbacks, name)))
+            )
+        yield
+
+
 def run_oneshot(
     model: torch.nn.Module,
     processor,
@@ -109,7 +144,7 @@ def run_oneshot(
     module path), ``loader`` holds that module's captured inputs and only it is calibrated."""
     from llmcompressor import oneshot
 
-    with _calibrating_decoder(decoder):
+    with _calibrating_decoder(decoder), _ranks_synced_after_compression():
         oneshot(
             model=model,
             processor=processor,
