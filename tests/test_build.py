@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from quantkit.calibset import CalibrateOptions, build_calibration_set
 from quantkit.cli import app
 from quantkit.errors import InputError
-from quantkit.recipes import get_recipe
+from quantkit.recipes import get_recipe, list_recipes
 from quantkit.targets import build_checkpoints, load_targets
 
 runner = CliRunner()
@@ -37,8 +37,10 @@ def test_targets_file_follows_the_seed_and_names_real_recipes():
     for target in targets.values():
         for name in (target.recipe, *(f.recipe for f in target.fallbacks)):
             get_recipe(name)
-    # Together the targets exercise every built-in recipe.
-    assert {t.recipe for t in targets.values()} == {"fp8", "fp8-dynamic", "w4a16", "w8a8-sq-gptq"}
+    # Together the targets exercise every built-in recipe (first choices or fallbacks).
+    assert {t.recipe for t in targets.values()} == {"fp8", "fp8-dynamic", "w4a16", "w8a8-sq-gptq", "nvfp4"}
+    reached = {t.recipe for t in targets.values()} | {f.recipe for t in targets.values() for f in t.fallbacks}
+    assert reached == {info.name for info in list_recipes()}
 
 
 def test_targets_cli_prints_table_and_unknown_target_suggests():

@@ -1,4 +1,5 @@
-"""The 2026 recipes (issue 21): block-wise FP8 and NVFP4 weight-only, on every zoo model.
+"""The 2026 recipes (issue 21): block-wise FP8, NVFP4 (weight-only and W4A4) and W4AFP8, on
+every zoo model; and the Blackwell and Hopper targets that use them.
 
 Real libraries (llmcompressor, compressed-tensors, transformers, vLLM where it has a kernel), the
 tiny zoo models and real media; the fixtures and helpers are test_quantize's.
@@ -27,6 +28,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:Attempting to save a model with 
 NEW_RECIPES = {
     "fp8-block": ("FP8_BLOCK", False, "float-quantized"),
     "nvfp4-a16": ("NVFP4A16", False, "nvfp4-pack-quantized"),
+    "w4a8-fp8": ("W4AFP8", True, "pack-quantized"),
+    "nvfp4": ("NVFP4", True, "nvfp4-pack-quantized"),
 }
 # transformers 5.17 cannot reload block-scaled FP8 into fused MoE experts: its DecompressExperts
 # stacks the per-expert weight_scale blocks against the fused weight's rows (size mismatch 256 vs 2).
@@ -97,7 +100,7 @@ def test_fp8_block_has_128x128_weight_blocks_and_nvfp4_a16_leaves_activations_al
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, recipe_name", MATRIX, ids=MATRIX_IDS)
-def test_new_recipe_on_every_zoo_model(quantized, reference, zoo_model, name, recipe_name):
+def test_new_recipe_on_every_zoo_model(quantized, reference, zoo_model, media, name, recipe_name):
     result = quantized(name, recipe_name)
     output = result.output
     adapter = adapter_for(zoo_model(name))
@@ -106,7 +109,13 @@ def test_new_recipe_on_every_zoo_model(quantized, reference, zoo_model, name, re
     config = json.loads((output / "config.json").read_text())
     assert config["quantization_config"]["format"] == fmt == result.checkpoint_format
     assert shipped_schemes(config["quantization_config"]) == [scheme]
-    assert not needs_data and result.samples_used == 0 and result.pipeline == "datafree"
+    if needs_data:  # GPTQ (w4a8-fp8), or the activations' global scales (nvfp4)
+        assert result.samples_used == len(test_quantize.calibration_samples(name, media)[0]) > 0
+    else:
+        assert result.samples_used == 0 and result.pipeline == "datafree"
+    if scheme == "NVFP4":  # calibrated per-tensor global scales for weights and activations
+        keys = {key.rsplit(".", 1)[1] for key in test_quantize.saved_tensor_dtypes(output)}
+        assert {"weight_global_scale", "input_global_scale"} <= keys
 
     # The audit: files, layout and scales, and only the language model quantized.
     audit = audit_checkpoint(output)
@@ -129,7 +138,26 @@ def test_new_recipe_on_every_zoo_model(quantized, reference, zoo_model, name, re
 @pytest.mark.skipif(vllm_python() is None, reason="no vLLM environment (make vllm-env)")
 @pytest.mark.parametrize("recipe_name", list(NEW_RECIPES))
 def test_vllm_serves_the_new_recipe_or_names_the_missing_kernel(quantized, recipe_name):
-    """vLLM's CPU backend has no block-FP8 or FP4 kernel: a skip with vLLM's reason, never a pass."""
+    """vLLM's CPU backend has no block-FP8, FP4 or W4A8-FP8 kernel: a skip with vLLM's reason,
+    never a pass."""
     from quantkit.verify.vllm_check import check_with_vllm
 
     served_or_skip(check_with_vllm(quantized("tiny-qwen3-vl", recipe_name).output))
+
+
+# ------------------------------------------------------------------------------ targets
+
+
+def test_blackwell_targets_take_nvfp4_and_hopper_falls_back_to_w4a8_and_fp8_block():
+    from quantkit.targets import load_targets
+
+    targets = {t.name: t for t in load_targets().targets}
+    for name in ("blackwell", "rtx50"):
+        assert targets[name].recipe == "nvfp4"
+        assert "nvfp4-a16" in [f.recipe for f in targets[name].fallbacks]
+        assert "vLLM" in targets[name].why and "SM1" in targets[name].why
+    assert any("RTX 5090" in h for h in targets["rtx50"].hardware)
+    assert any("B200" in h for h in targets["blackwell"].hardware)
+    hopper = {f.recipe: f.when for f in targets["hopper"].fallbacks}
+    assert {"w4a8-fp8", "fp8-block"} <= set(hopper)
+    assert all("vLLM" in hopper[r] and "SM90" in hopper[r] for r in ("w4a8-fp8", "fp8-block"))
