@@ -171,7 +171,7 @@ def print_build_summary(report) -> None:
 
 
 def _loss(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}%"
+    return "-" if value is None else f"{value:.3g}%"
 
 
 def print_chain(built) -> None:

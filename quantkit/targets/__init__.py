@@ -65,6 +65,16 @@ class Fallback(BaseModel):
     when: When
     why: str
 
+    @field_validator("when", mode="before")
+    @classmethod
+    def _not_prose(cls, value):
+        if isinstance(value, str):
+            raise ValueError(
+                "a condition, not prose: {task_loss_above: max_loss}, {no_calibration_data: true} or "
+                "{on_request: true}; the text goes under why"
+            )
+        return value
+
 
 class Target(BaseModel):
     model_config = ConfigDict(extra="forbid")

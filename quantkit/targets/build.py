@@ -144,7 +144,8 @@ def build_key(
         "recipe": recipe.model_dump(mode="json"),
         "avg_bits": avg_bits,
         "num_samples": num_samples if uses_data else None,
-        "drift": [calib_hash, drift_samples] if calib_hash else None,  # what the losses were measured on
+        # What the losses were measured on: held-out samples of the set, outside those calibrated on.
+        "drift": [calib_hash, drift_samples, num_samples] if calib_hash else None,
         "vllm": vllm,
         "quantkit": __version__,
     }
@@ -158,7 +159,9 @@ def task_losses(drift) -> dict[str, float]:
         kl, entropy = sums.setdefault(sample.task, [0.0, 0.0])
         sums[sample.task] = [kl + sample.kl * sample.positions, entropy + sample.entropy * sample.positions]
     return {
-        task: round(100.0 * kl / entropy, 4) for task, (kl, entropy) in sorted(sums.items()) if entropy > 0
+        task: float(f"{100.0 * kl / entropy:.4g}")
+        for task, (kl, entropy) in sorted(sums.items())
+        if entropy > 0
     }
 
 
@@ -236,7 +239,7 @@ def _fmt_size(ratio: float | None) -> str:
 
 
 def _fmt_loss(loss: float | None) -> str:
-    return "-" if loss is None else f"{loss:.2f}%"
+    return "-" if loss is None else f"{loss:.3g}%"
 
 
 def resolve_eval_tasks(model_dir: Path, eval_tasks: list[str] | None) -> list[str]:
@@ -269,7 +272,7 @@ def _judge(entry: CheckpointBuild, max_loss: float, eval_losses: dict[str, float
         step.detail = "; ".join(entry.reasons)
     elif step.worst_loss is not None and step.worst_loss > max_loss + 1e-9:
         step.verdict = "over budget"
-        step.detail = f"{step.worst_task} lost {step.worst_loss:.2f}% > {max_loss}%"
+        step.detail = f"{step.worst_task} lost {step.worst_loss:.3g}% > {max_loss}%"
     elif not losses:
         step.detail = "loss not measured (no --calib and no --eval-tasks)"
     return step
@@ -545,6 +548,8 @@ class _Run:
                 calib=self.calib,
                 vllm=self.vllm,
                 num_samples=self.drift_samples,
+                # Every candidate on the same held-out samples: those no data recipe calibrated on.
+                exclude_ids=set(self._samples().info["sample_ids"]) if self.calib is not None else None,
             )
             entry.status = "passed" if verified.passed else "failed"
             entry.size_ratio = round(verified.audit.size_ratio, 4)
@@ -592,7 +597,7 @@ class _Run:
             self.original_scores = {t.task: t.score for t in scored.tasks}
         scores = entry.eval_scores["scores"]
         return {
-            f"eval {task}": round(100.0 - 100.0 * scores[task] / base, 4)
+            f"eval {task}": float(f"{100.0 - 100.0 * scores[task] / base:.4g}")
             for task, base in self.original_scores.items()
             if base > 0 and task in scores
         }
