@@ -163,3 +163,33 @@ def test_rebuilt_chain_reuses_cached_candidates(setup, tmp_path):
     assert [(folder / "quantkit.json").stat().st_mtime_ns for folder in folders] == stamps  # not rebuilt
     # The cache keeps the measured losses.
     assert [s.worst_loss for s in again.chain] == [worse.worst_loss, better.worst_loss]
+
+
+def test_eval_tasks_scores_count_in_the_gate(tmp_path):
+    """--eval-tasks: each candidate's skills score per task; 100% - recovery is a loss like drift's."""
+    from quantkit.zoo import skills
+    from quantkit.zoo.models import build_zoo_model
+
+    if skills.committed_weights() is None:
+        pytest.skip("no trained tiny-omni-skills weights are committed (issue 17)")
+    model = build_zoo_model("tiny-omni-skills", tmp_path / "skills")
+    file = targets_file(tmp_path, target("eval", "fp8-dynamic"))
+    out = tmp_path / "out"
+    args = ["build", "--target", "eval", "--model", str(model), "--output-root", str(out)]
+    args += ["--targets-file", str(file), "--eval-tasks", "caption", "--eval-items", "6"]
+    result = runner.invoke(app, args)  # no --calib: the skills scores are the only loss
+    assert result.exit_code == 0, result.output
+    build = json.loads((out / "build.json").read_text())
+    (step,) = build["targets"][0]["chain"]
+    scores, original = build["checkpoints"][0]["eval_scores"], build["eval_original"]
+    assert scores["items"] == 6 and set(scores["scores"]) == set(original) == {"caption"}
+    assert original["caption"] > 0, "the committed model has learned caption"
+    expected = round(100 - 100 * scores["scores"]["caption"] / original["caption"], 4)
+    assert step["losses"] == {"eval caption": pytest.approx(expected, abs=1e-3)}
+    assert step["worst_task"] == "eval caption"
+    # A budget below what it lost fails the target; none lost (0%) passes any budget.
+    tight = build_checkpoints(
+        model, out, ["eval"], targets_file=file, eval_tasks=["caption"], eval_items=6, max_loss=0
+    )
+    assert tight.targets[0].status == ("passed" if expected <= 0 else "failed")
+    assert tight.targets[0].chain[0].cached and tight.checkpoints[0].eval_scores == scores  # from build.json

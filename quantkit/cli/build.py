@@ -153,7 +153,7 @@ def print_build_summary(report) -> None:
     console.print(table)
     targets = Table(title="Targets (accuracy gate)")
     for header in ("target", "budget", "status", "kept", "worst task", "loss", "candidates tried"):
-        targets.add_column(header, no_wrap=header != "kept")
+        targets.add_column(header, no_wrap=True)
     for t in report.targets:
         kept = next((s for s in t.chain if s.verdict == "kept"), None)
         colour = "green" if t.ok else "red"
@@ -161,7 +161,7 @@ def print_build_summary(report) -> None:
             t.name,
             f"{t.max_loss}%",
             f"[{colour}]{t.status}[/]",
-            kept.checkpoint if kept else "-",
+            (kept.recipe + ("" if kept.avg_bits is None else f" @{kept.avg_bits:g}")) if kept else "-",
             (kept.worst_task or "-") if kept else "-",
             _loss(kept.worst_loss) if kept else "-",
             str(len(t.chain)),

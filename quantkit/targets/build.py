@@ -97,6 +97,7 @@ class BuildReport:
     checkpoints: list[CheckpointBuild]
     targets: list[TargetBuild] = field(default_factory=list)
     eval_tasks: list[str] = field(default_factory=list)
+    eval_original: dict[str, float] | None = None  # the original's skills scores, per task
 
     @property
     def passed(self) -> bool:
@@ -111,6 +112,7 @@ class BuildReport:
             "quantkit_version": __version__,
             "loss": LOSS_DEFINITION,
             "eval_tasks": self.eval_tasks,
+            "eval_original": self.eval_original,
             "targets": [asdict(t) for t in self.targets],
             "checkpoints": [asdict(c) for c in self.checkpoints],
         }
@@ -200,7 +202,7 @@ def _card_section(checkpoint: str, targets: list[TargetBuild]) -> str:
         _CARD_START,
         "## Build: accuracy gate",
         "",
-        f"`quantkit build` kept this checkpoint; per task, {LOSS_DEFINITION}",
+        f"`quantkit build` kept this checkpoint. Loss: {LOSS_DEFINITION}",
         "",
     ]
     for target in targets:
@@ -442,6 +444,10 @@ class _Run:
         for index in range(1 + len(target.avg_bits) + len(target.fallbacks)):
             step = _chain(target, calib=self.calib, max_loss=max_loss, last=last, index=index)
             if step is None:
+                fallback = index - 1 - len(target.avg_bits)
+                if fallback >= 0 and target.fallbacks[fallback].when.on_request:
+                    manual = target.fallbacks[fallback]
+                    result.notes.append(f"{manual.recipe} not tried: on request only ({manual.why})")
                 continue
             recipe_name, bits, why = step
             if self._needs_data(recipe_name, bits) and self.calib is None:
@@ -595,9 +601,10 @@ class _Run:
 
             scored = score_model(self.model_dir, self.eval_names, items=self.eval_items)
             self.original_scores = {t.task: t.score for t in scored.tasks}
+            self.report.eval_original = self.original_scores
         scores = entry.eval_scores["scores"]
         return {
-            f"eval {task}": float(f"{100.0 - 100.0 * scores[task] / base:.4g}")
+            f"eval {task}": round(100.0 - 100.0 * scores[task] / base, 4) + 0.0  # -0.0 reads 0.0
             for task, base in self.original_scores.items()
             if base > 0 and task in scores
         }
