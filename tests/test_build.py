@@ -208,3 +208,13 @@ def test_build_without_calib_takes_the_data_free_fallback(zoo_model, tmp_path):
     assert h20.status == "passed" and [s.recipe for s in h20.chain] == ["fp8-dynamic"]
     assert h20.chain[0].why == "no calibration data" and "loss not measured" in h20.chain[0].detail
     assert any("fp8 not tried" in note for note in h20.notes)
+
+
+def test_build_refuses_bad_gate_options_before_building(zoo_model, tmp_path):
+    model = str(zoo_model("tiny-qwen3"))
+    base = ["build", "--target", "l40s", "--model", model, "--output-root", str(tmp_path / "out")]
+    no_skills = runner.invoke(app, [*base, "--eval-tasks", "caption"])
+    assert no_skills.exit_code == 2 and "skills.json" in no_skills.output
+    too_much = runner.invoke(app, [*base, "--max-loss", "150"])
+    assert too_much.exit_code == 2 and "--max-loss 150" in too_much.output
+    assert not (tmp_path / "out" / "build.json").exists()

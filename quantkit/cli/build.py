@@ -94,6 +94,9 @@ def build(
 
         quantkit build --target h20 --target rtx4090 --model models/omni \\
             --calib calib --output-root out
+
+        quantkit build --target rtx4090 --model models/omni --calib calib \\
+            --output-root out --max-loss 1.0 --eval-tasks caption,speaker_count
     """
     from quantkit.cli.verify import print_verify_report
     from quantkit.eval.run import split_tasks
