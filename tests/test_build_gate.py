@@ -144,6 +144,9 @@ def test_nothing_meets_the_budget_fails_that_target_only(setup, tmp_path):
     # The other target in the same command built.
     assert loose["status"] == "passed" and (Path(loose["checkpoint"]) / "quantkit.json").is_file()
     assert loose["chain"][0]["recipe"] == "fp8" and loose["chain"][0]["cached"] is False
+    # The card of a candidate nothing kept says so, and why.
+    card = (Path(tight["chain"][0]["checkpoint"]) / "README.md").read_text()
+    assert "did not keep this checkpoint" in card and "Not kept for target `tight`" in card
 
 
 def test_rebuilt_chain_reuses_cached_candidates(setup, tmp_path):

@@ -198,14 +198,18 @@ def _up_to_date(before: dict | None, key: str, checkpoint: Path) -> bool:
 
 
 def _card_section(checkpoint: str, targets: list[TargetBuild]) -> str:
+    """The card's build section: each target that kept this checkpoint (with its chain), and each
+    that tried it and went on (why)."""
+    kept = [t for t in targets if t.checkpoint == checkpoint]
+    verdict = "kept this checkpoint" if kept else "did not keep this checkpoint for any target"
     lines = [
         _CARD_START,
         "## Build: accuracy gate",
         "",
-        f"`quantkit build` kept this checkpoint. Loss: {LOSS_DEFINITION}",
+        f"`quantkit build` {verdict}. Loss: {LOSS_DEFINITION}",
         "",
     ]
-    for target in targets:
+    for target in kept:
         lines += [
             f"Target `{target.name}` (budget {target.max_loss}% per task), candidates in the order tried:",
             "",
@@ -218,6 +222,13 @@ def _card_section(checkpoint: str, targets: list[TargetBuild]) -> str:
                 f"{step.worst_task or '-'} | {_fmt_loss(step.worst_loss)} | {step.verdict} | {step.why} |"
             )
         lines.append("")
+    for target in targets:
+        for step in target.chain:
+            if step.checkpoint == checkpoint and step.verdict != "kept":
+                lines += [
+                    f"Not kept for target `{target.name}` (budget {target.max_loss}%): {step.detail}.",
+                    "",
+                ]
     lines += ["The whole chain is in the build folder's `build.json`.", _CARD_END, ""]
     return "\n".join(lines)
 
@@ -396,13 +407,9 @@ def build_checkpoints(
         run.save()
         if on_target:
             on_target(built)
-    kept: dict[str, list[TargetBuild]] = {}
-    for built in run.report.targets:
-        if built.checkpoint:
-            kept.setdefault(built.checkpoint, []).append(built)
-    for checkpoint, targets in kept.items():
-        if (Path(checkpoint) / "config.json").is_file():
-            _update_card(Path(checkpoint), _card_section(checkpoint, targets))
+    for entry in run.report.checkpoints:  # kept or not, each card says what the gate made of it
+        if entry.ok and (Path(entry.checkpoint) / "config.json").is_file():
+            _update_card(Path(entry.checkpoint), _card_section(entry.checkpoint, run.report.targets))
     run.save()
     return run.report
 
