@@ -153,3 +153,68 @@ def test_workflow_is_valid_and_runs_the_tested_commands():
         assert option in build
     uploads = [step for step in job["steps"] if step.get("uses", "").startswith("actions/upload-artifact")]
     assert uploads and "checkpoints/build.json" in uploads[0]["with"]["path"]
+
+
+@pytest.mark.parametrize(
+    ("fallback", "message"),
+    [
+        ("{recipe: fp8, when: a task loses accuracy, why: x}", "a condition, not prose"),
+        (
+            "{recipe: fp8, when: {on_request: true, no_calibration_data: true}, why: x}",
+            "on_request: true alone",
+        ),
+        ("{recipe: fp8, when: {task_loss_above: 1.5, sometimes: true}, why: x}", "sometimes"),
+        ("{recipe: fp8, when: {task_loss_above: 150}, why: x}", "a percent"),
+    ],
+)
+def test_fallback_when_is_a_checked_condition(tmp_path, fallback, message):
+    bad = tmp_path / "targets.yaml"
+    bad.write_text(
+        f"version: 1\ntargets:\n  - name: x\n    hardware: [A]\n    recipe: w4a16\n    why: test\n"
+        f"    fallbacks:\n      - {fallback}\n"
+    )
+    with pytest.raises(InputError, match=message) as err:
+        load_targets(bad)
+    assert err.value.line == 8 and "fallbacks.0.when" in str(err.value)
+
+
+def test_avg_bits_steps_only_for_4bit_group_recipes_and_rising(tmp_path):
+    bad = tmp_path / "targets.yaml"
+    for recipe, steps, message in (
+        ("fp8", "[4.5]", "avg_bits promotes"),
+        ("w4a16", "[5.0, 4.5]", "must rise"),
+    ):
+        bad.write_text(
+            f"version: 1\ntargets:\n  - {{name: x, hardware: [A], recipe: {recipe}, why: t, avg_bits: {steps}}}\n"
+        )
+        with pytest.raises(InputError, match=message):
+            load_targets(bad)
+
+
+def test_every_target_has_a_budget_and_a_machine_readable_chain():
+    for target in load_targets().targets:
+        assert 0 < target.max_loss <= 100
+        for fallback in target.fallbacks:
+            assert fallback.why and fallback.when.describe()
+    rtx4090 = load_targets().get("rtx4090")
+    assert rtx4090.avg_bits and rtx4090.avg_bits == sorted(rtx4090.avg_bits)
+
+
+def test_build_without_calib_takes_the_data_free_fallback(zoo_model, tmp_path):
+    """h20's fp8 calibrates on data; its fp8-dynamic fallback is for "no calibration data"."""
+    model = zoo_model("tiny-qwen3")
+    report = build_checkpoints(model, tmp_path / "out", ["h20"])
+    (h20,) = report.targets
+    assert h20.status == "passed" and [s.recipe for s in h20.chain] == ["fp8-dynamic"]
+    assert h20.chain[0].why == "no calibration data" and "loss not measured" in h20.chain[0].detail
+    assert any("fp8 not tried" in note for note in h20.notes)
+
+
+def test_build_refuses_bad_gate_options_before_building(zoo_model, tmp_path):
+    model = str(zoo_model("tiny-qwen3"))
+    base = ["build", "--target", "l40s", "--model", model, "--output-root", str(tmp_path / "out")]
+    no_skills = runner.invoke(app, [*base, "--eval-tasks", "caption"])
+    assert no_skills.exit_code == 2 and "skills.json" in no_skills.output
+    too_much = runner.invoke(app, [*base, "--max-loss", "150"])
+    assert too_much.exit_code == 2 and "--max-loss 150" in too_much.output
+    assert not (tmp_path / "out" / "build.json").exists()

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from quantkit.cli._common import Force, console
 from quantkit.errors import CheckFailed
+from quantkit.targets.build import LOSS_DEFINITION
 
 
 def targets() -> None:
@@ -20,6 +21,8 @@ def targets() -> None:
     table.add_column("target", no_wrap=True)
     table.add_column("hardware")
     table.add_column("recipe", no_wrap=True)
+    table.add_column("max loss", no_wrap=True)
+    table.add_column("avg bits steps", no_wrap=True)
     table.add_column("fallbacks")
     chosen = load_targets().targets
     for target in chosen:
@@ -27,13 +30,15 @@ def targets() -> None:
             target.name,
             ", ".join(target.hardware),
             target.recipe,
+            f"{target.max_loss}%",
+            ", ".join(f"{b:g}" for b in target.avg_bits) or "-",
             ", ".join(f.recipe for f in target.fallbacks),
         )
     console.print(table)
     for target in chosen:  # the reasons read better as paragraphs than as a narrow column
         console.print(f"[bold]{target.name}[/] -> {target.recipe}: {target.why}")
         for fallback in target.fallbacks:
-            console.print(f"    fallback {fallback.recipe}: {fallback.when}")
+            console.print(f"    fallback {fallback.recipe} (when {fallback.when.describe()}): {fallback.why}")
 
 
 def build(
@@ -50,21 +55,51 @@ def build(
     ] = None,
     vllm: Annotated[bool, typer.Option("--vllm", help="Also load and run each checkpoint in vLLM.")] = False,
     drift_samples: Annotated[int, typer.Option(help="Held-out samples for the drift check.")] = 12,
+    max_loss: Annotated[
+        float | None,
+        typer.Option(
+            "--max-loss",
+            help="The most any task may lose, percent (default: each target's max_loss in "
+            "targets.yaml). Loss: " + LOSS_DEFINITION,
+        ),
+    ] = None,
+    eval_tasks: Annotated[
+        str | None,
+        typer.Option(
+            "--eval-tasks",
+            help="Comma-separated skills tasks of the model's skills.json (or `skills`: all) scored "
+            "on each candidate as `quantkit eval --tasks skills` does; their loss counts too.",
+        ),
+    ] = None,
+    eval_items: Annotated[int, typer.Option(help="Held-out items per --eval-tasks task.")] = 32,
+    targets_file: Annotated[
+        Path | None, typer.Option(help="Your own targets file (default: recipes/targets.yaml).")
+    ] = None,
     force: Force = False,
 ) -> None:
-    """Make one checkpoint per hardware target: quantize with the target's recipe, then verify
-    (audit, drift against the original per modality and task, and with --vllm a vLLM run).
+    """Make one checkpoint per hardware target: quantize with the target's recipe, verify it
+    (audit, drift against the original per modality and task, and with --vllm a vLLM run), and
+    gate it on accuracy: when a task loses more than --max-loss, try the recipe at the target's
+    avg_bits steps (most sensitive layers at 8 bits), then its fallbacks whose `when` holds, and
+    keep the first candidate that passes every task.
 
-    Targets sharing a recipe share a checkpoint; all share one processed-feature cache. A failing
-    target does not stop the others; the exit code is 1 if any failed. A re-run skips checkpoints
-    whose inputs did not change and that passed (unless --force).
+    Targets sharing a candidate share its checkpoint; all share one processed-feature cache. A
+    target none of whose candidates passes fails with the table of every candidate tried; the
+    others still build; the exit code is 1 if any failed. A re-run reuses candidates whose inputs
+    did not change and that passed their checks (unless --force). The gate costs nothing when the
+    target's recipe passes (its losses come from the drift check verify runs anyway); each further
+    candidate costs one quantize and verify (and --eval-tasks one scoring per candidate).
 
     Example:
 
         quantkit build --target h20 --target rtx4090 --model models/omni \\
             --calib calib --output-root out
+
+        quantkit build --target rtx4090 --model models/omni --calib calib \\
+            --output-root out --max-loss 1.0 --eval-tasks caption,speaker_count
     """
     from quantkit.cli.verify import print_verify_report
+    from quantkit.eval.run import split_tasks
     from quantkit.targets import build_checkpoints
 
     def show(entry, verified) -> None:
@@ -73,6 +108,10 @@ def build(
         console.print(f"[bold]{', '.join(entry.targets)}[/] -> {entry.checkpoint}: {entry.status}")
         for reason in entry.reasons:
             console.print(f"  [red]{reason}[/]")
+
+    def show_target(built) -> None:
+        if not built.ok or len(built.chain) > 1:
+            print_chain(built)
 
     report = build_checkpoints(
         model,
@@ -83,7 +122,12 @@ def build(
         vllm=vllm,
         drift_samples=drift_samples,
         force=force,
+        max_loss=max_loss,
+        eval_tasks=split_tasks(eval_tasks) if eval_tasks else None,
+        eval_items=eval_items,
+        targets_file=targets_file,
         on_checkpoint=show,
+        on_target=show_target,
     )
     print_build_summary(report)
     if not report.passed:
@@ -93,7 +137,7 @@ def build(
 def print_build_summary(report) -> None:
     table = Table(title="Build summary")
     table.add_column("targets")
-    for header in ("recipe", "status", "size", "KL", "top-1", "vLLM", "s"):
+    for header in ("recipe", "avg bits", "status", "size", "KL", "top-1", "vLLM", "s"):
         table.add_column(header, no_wrap=True)
     for c in report.checkpoints:
         colour = "green" if c.ok else "red"
@@ -101,6 +145,7 @@ def print_build_summary(report) -> None:
         table.add_row(
             ", ".join(c.targets),
             c.recipe,
+            "-" if c.avg_bits is None else f"{c.avg_bits:g}",
             f"[{colour}]{c.status}[/]",
             f"{c.size_ratio:.3f}x" if c.size_ratio else "-",
             f"{drift['kl']:.1e}" if "kl" in drift else "-",
@@ -109,4 +154,55 @@ def print_build_summary(report) -> None:
             f"{c.seconds:.0f}",
         )
     console.print(table)
+    targets = Table(title="Targets (accuracy gate)")
+    for header in ("target", "budget", "status", "kept", "worst task", "loss", "candidates tried"):
+        targets.add_column(header, no_wrap=True)
+    for t in report.targets:
+        kept = next((s for s in t.chain if s.verdict == "kept"), None)
+        colour = "green" if t.ok else "red"
+        targets.add_row(
+            t.name,
+            f"{t.max_loss}%",
+            f"[{colour}]{t.status}[/]",
+            (kept.recipe + ("" if kept.avg_bits is None else f" @{kept.avg_bits:g}")) if kept else "-",
+            (kept.worst_task or "-") if kept else "-",
+            _loss(kept.worst_loss) if kept else "-",
+            str(len(t.chain)),
+        )
+    console.print(targets)
     console.print(f"build.json in {report.output_root}")
+
+
+def _loss(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}%"
+
+
+def print_chain(built) -> None:
+    """Every candidate a target tried: recipe, avg bits, size, worst task and its loss, verdict."""
+    title = f"Target {built.name}: candidates tried (budget {built.max_loss}% per task)"
+    table = Table(title=title)
+    for header in ("#", "recipe", "avg bits", "size", "worst task", "loss", "verdict", "cached", "why tried"):
+        table.add_column(header, no_wrap=header not in ("why tried",))
+    for index, step in enumerate(built.chain, 1):
+        colour = "green" if step.verdict == "kept" else "red"
+        table.add_row(
+            str(index),
+            step.recipe,
+            "-" if step.avg_bits is None else f"{step.avg_bits:g}",
+            f"{step.size_ratio:.3f}x" if step.size_ratio else "-",
+            step.worst_task or "-",
+            _loss(step.worst_loss),
+            f"[{colour}]{step.verdict}[/]",
+            "yes" if step.cached else "no",
+            step.why,
+        )
+    console.print(table)
+    for step in built.chain:
+        if step.detail:
+            console.print(
+                f"  {step.recipe}{'' if step.avg_bits is None else f' @{step.avg_bits:g}'}: {step.detail}"
+            )
+    for note in built.notes:
+        console.print(f"  {note}")
+    if not built.ok:
+        console.print(f"[red]target {built.name}: no candidate meets {built.max_loss}% on every task[/]")

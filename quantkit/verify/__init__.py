@@ -80,12 +80,14 @@ def verify_checkpoint(
     num_samples: int = 16,
     write: bool = True,
     report_path: Path | None = None,
+    exclude_ids: set[str] | None = None,
 ) -> VerifyReport:
     """Audit ``checkpoint``; with ``reference`` and ``calib`` measure drift; with ``vllm`` run it in vLLM.
 
     Failed checks are reported in the result (and verify.json), never raised; bad input is.
     The report goes to ``report_path`` (default: verify.json in the checkpoint); when it cannot
     be written (a read-only folder) the result is kept and ``not_saved`` says why.
+    ``exclude_ids``: sample ids drift must not use (default: those the checkpoint calibrated on).
     """
     checkpoint = Path(checkpoint)
     if not checkpoint.is_dir():
@@ -119,7 +121,9 @@ def verify_checkpoint(
             report.notes.append(
                 "no drift thresholds (recipe has none, none given): drift is reported, not judged"
             )
-        report.drift = measure_drift(reference, checkpoint, calib, num_samples=num_samples, thresholds=limits)
+        report.drift = measure_drift(
+            reference, checkpoint, calib, num_samples=num_samples, thresholds=limits, exclude_ids=exclude_ids
+        )
     if vllm:
         report.vllm = check_with_vllm(checkpoint)
     if write:

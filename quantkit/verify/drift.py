@@ -61,6 +61,7 @@ class SampleDrift:
     top1: float
     cosine: float
     greedy_prefix: float  # fraction of the greedy continuation both models agree on
+    entropy: float = 0.0  # the original's mean next-token entropy (nats): KL relative to it is `build`'s loss
 
 
 @dataclass
@@ -103,13 +104,14 @@ def _group(name: str, items: list[SampleDrift]) -> DriftGroup:
     return DriftGroup(name, len(items), *(mean(m) for m in METRICS), positions=sum(s.positions for s in items))
 
 
-def _compare_logits(reference: torch.Tensor, quantized: torch.Tensor) -> tuple[float, float, float]:
+def _compare_logits(reference: torch.Tensor, quantized: torch.Tensor) -> tuple[float, float, float, float]:
     ref_logp = torch.log_softmax(reference.float(), dim=-1)
     q_logp = torch.log_softmax(quantized.float(), dim=-1)
     kl = (ref_logp.exp() * (ref_logp - q_logp)).sum(-1).mean()
     top1 = (reference.argmax(-1) == quantized.argmax(-1)).float().mean()
     cosine = torch.nn.functional.cosine_similarity(reference.float(), quantized.float(), dim=-1).mean()
-    return float(kl), float(top1), float(cosine)
+    entropy = -(ref_logp.exp() * ref_logp).sum(-1).mean()
+    return float(kl), float(top1), float(cosine), float(entropy)
 
 
 def _prompt_only(sample: Sample) -> Sample:
@@ -178,7 +180,7 @@ def measure_drift(
         sample = Sample.from_row(row)
         inputs = processor_inputs(processor, sample)
         with torch.no_grad():
-            kl, top1, cosine = _compare_logits(original(**inputs).logits[0], quantized(**inputs).logits[0])
+            kl, top1, cosine, entropy = _compare_logits(original(**inputs).logits[0], quantized(**inputs).logits[0])
             prompt = processor_inputs(processor, _prompt_only(sample), add_generation_prompt=True)
             start = prompt["input_ids"].shape[1]
             a = original.generate(**prompt, max_new_tokens=greedy_tokens, do_sample=False)[0, start:].tolist()
@@ -196,6 +198,7 @@ def measure_drift(
                 top1=round(top1, 4),
                 cosine=round(cosine, 6),
                 greedy_prefix=round(agree / max(1, greedy_tokens), 4),
+                entropy=round(entropy, 6),
             )
         )
     by_modality: dict[str, list[SampleDrift]] = defaultdict(list)

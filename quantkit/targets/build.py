@@ -1,0 +1,617 @@
+"""`quantkit build`: one checkpoint per hardware target, gated on accuracy.
+
+Each target has a chain of candidates: its recipe, the recipe again at each ``avg_bits`` step
+(4-bit group recipes), then its fallbacks whose ``when`` holds. Every candidate is quantized,
+verified (audit, drift against the original on held-out calibration samples, optionally vLLM)
+and, with ``eval_tasks``, scored per skills task. The first candidate whose checks pass and
+whose every task loses at most the target's budget is kept; a target none meets fails with the
+table of what was tried, and the other targets still build. Candidates are shared between
+targets and cached between runs (model bytes, calibration set, recipe, avg bits, options).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from quantkit import __version__
+from quantkit.errors import InputError, QuantkitError
+from quantkit.fsutil import check_model_folder, check_writable, refuse_overlap, sha256_file, write_file_atomic
+
+BUILD_FILE = "build.json"
+CARD_FILE = "README.md"
+LOSS_DEFINITION = (
+    "the loss of a task is 100 x (sum of KL(original || quantized) over every token position of the "
+    "task's held-out calibration samples) / (sum of the original's next-token entropy at those "
+    "positions): how many percent more the quantized model's cross-entropy against the original's "
+    "next-token distributions is than the original's own. With --eval-tasks, each skills task also "
+    "counts 100% - recovery (checkpoint score / original score)."
+)
+_CARD_START, _CARD_END = "<!-- quantkit:build:start -->", "<!-- quantkit:build:end -->"
+_CARD_SECTION = re.compile(re.escape(_CARD_START) + r".*?" + re.escape(_CARD_END) + r"\n?", re.DOTALL)
+
+
+@dataclass
+class CheckpointBuild:
+    """One candidate checkpoint: a recipe (and avg bits), built or found up to date."""
+
+    targets: list[str]
+    recipe: str
+    checkpoint: str
+    status: str  # passed | failed | error | up-to-date (its checks, not the accuracy budget)
+    key: str
+    reasons: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    vllm: str | None = None
+    size_ratio: float | None = None
+    drift: dict | None = None  # overall KL / top-1 of the checkpoint
+    avg_bits: float | None = None
+    losses: dict[str, float] | None = None  # drift loss per task, percent (LOSS_DEFINITION)
+    eval_scores: dict | None = None  # {"items": n, "scores": {task: score}} with --eval-tasks
+
+    @property
+    def ok(self) -> bool:
+        return self.status in ("passed", "up-to-date")
+
+
+@dataclass
+class ChainStep:
+    """One candidate as a target judged it."""
+
+    recipe: str
+    avg_bits: float | None
+    checkpoint: str
+    verdict: str  # kept | over budget | failed | error
+    cached: bool
+    size_ratio: float | None = None
+    worst_task: str | None = None
+    worst_loss: float | None = None
+    losses: dict[str, float] = field(default_factory=dict)
+    why: str = ""  # why this step was tried
+    detail: str = ""
+
+
+@dataclass
+class TargetBuild:
+    name: str
+    max_loss: float
+    status: str  # passed | failed
+    checkpoint: str | None = None  # the kept candidate
+    chain: list[ChainStep] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "passed"
+
+
+@dataclass
+class BuildReport:
+    output_root: str
+    model: str
+    calib: str | None
+    checkpoints: list[CheckpointBuild]
+    targets: list[TargetBuild] = field(default_factory=list)
+    eval_tasks: list[str] = field(default_factory=list)
+    eval_original: dict[str, float] | None = None  # the original's skills scores, per task
+
+    @property
+    def passed(self) -> bool:
+        return all(t.ok for t in self.targets)
+
+    def to_dict(self) -> dict:
+        return {
+            "output_root": self.output_root,
+            "model": self.model,
+            "calib": self.calib,
+            "passed": self.passed,
+            "quantkit_version": __version__,
+            "loss": LOSS_DEFINITION,
+            "eval_tasks": self.eval_tasks,
+            "eval_original": self.eval_original,
+            "targets": [asdict(t) for t in self.targets],
+            "checkpoints": [asdict(c) for c in self.checkpoints],
+        }
+
+
+def model_fingerprint(model_dir: Path) -> str:
+    """A hash of the model folder's config and weights (bytes, not dates)."""
+    digest = hashlib.sha256()
+    for file in sorted(Path(model_dir).iterdir()):
+        if file.is_file() and (file.suffix in (".json", ".safetensors", ".jinja", ".txt", ".model")):
+            digest.update(file.name.encode())
+            digest.update(sha256_file(file).encode())
+    return digest.hexdigest()
+
+
+def build_key(
+    model_hash: str,
+    calib_hash: str | None,
+    recipe,
+    num_samples: int | None,
+    vllm: bool,
+    *,
+    avg_bits: float | None = None,
+    drift_samples: int | None = None,
+) -> str:
+    """What makes a candidate "the same": model, calibration data, recipe, avg bits, options, version."""
+    uses_data = recipe.needs_data or avg_bits is not None
+    payload = {
+        "model": model_hash,
+        "calib": calib_hash if uses_data else None,
+        "recipe": recipe.model_dump(mode="json"),
+        "avg_bits": avg_bits,
+        "num_samples": num_samples if uses_data else None,
+        # What the losses were measured on: held-out samples of the set, outside those calibrated on.
+        "drift": [calib_hash, drift_samples, num_samples] if calib_hash else None,
+        "vllm": vllm,
+        "quantkit": __version__,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def task_losses(drift) -> dict[str, float]:
+    """Per task, percent: KL summed over positions relative to the original's entropy (LOSS_DEFINITION)."""
+    sums: dict[str, list[float]] = {}
+    for sample in drift.samples:
+        kl, entropy = sums.setdefault(sample.task, [0.0, 0.0])
+        sums[sample.task] = [kl + sample.kl * sample.positions, entropy + sample.entropy * sample.positions]
+    return {
+        task: float(f"{100.0 * kl / entropy:.4g}")
+        for task, (kl, entropy) in sorted(sums.items())
+        if entropy > 0
+    }
+
+
+def _previous(output_root: Path) -> dict[str, dict]:
+    path = output_root / BUILD_FILE
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError:
+        return {}
+    entries = [*data.get("earlier", []), *data.get("checkpoints", [])]
+    return {entry["checkpoint"]: entry for entry in entries if "checkpoint" in entry and "key" in entry}
+
+
+def _write_build_file(output_root: Path, report: BuildReport, previous: dict[str, dict]) -> None:
+    """build.json: this run's targets and candidates, plus earlier candidates this run did not touch."""
+    data = report.to_dict()
+    touched = {c.checkpoint for c in report.checkpoints}
+    data["earlier"] = [entry for name, entry in sorted(previous.items()) if name not in touched]
+    write_file_atomic(output_root / BUILD_FILE, json.dumps(data, indent=2) + "\n")
+
+
+def _up_to_date(before: dict | None, key: str, checkpoint: Path) -> bool:
+    """The last build made this checkpoint from the same inputs, it passed, and it is still there."""
+    return (
+        before is not None
+        and before["key"] == key
+        and before["status"] in ("passed", "up-to-date")
+        and (checkpoint / "quantkit.json").is_file()
+    )
+
+
+def _card_section(checkpoint: str, targets: list[TargetBuild]) -> str:
+    """The card's build section: each target that kept this checkpoint (with its chain), and each
+    that tried it and went on (why)."""
+    kept = [t for t in targets if t.checkpoint == checkpoint]
+    verdict = "kept this checkpoint" if kept else "did not keep this checkpoint for any target"
+    lines = [
+        _CARD_START,
+        "## Build: accuracy gate",
+        "",
+        f"`quantkit build` {verdict}. Loss: {LOSS_DEFINITION}",
+        "",
+    ]
+    for target in kept:
+        lines += [
+            f"Target `{target.name}` (budget {target.max_loss}% per task), candidates in the order tried:",
+            "",
+            "| # | recipe | avg bits | size | worst task | loss | verdict | tried because |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for index, step in enumerate(target.chain, 1):
+            lines.append(
+                f"| {index} | {step.recipe} | {_fmt_bits(step.avg_bits)} | {_fmt_size(step.size_ratio)} | "
+                f"{step.worst_task or '-'} | {_fmt_loss(step.worst_loss)} | {step.verdict} | {step.why} |"
+            )
+        lines.append("")
+    for target in targets:
+        for step in target.chain:
+            if step.checkpoint == checkpoint and step.verdict != "kept":
+                lines += [
+                    f"Not kept for target `{target.name}` (budget {target.max_loss}%): {step.detail}.",
+                    "",
+                ]
+    lines += ["The whole chain is in the build folder's `build.json`.", _CARD_END, ""]
+    return "\n".join(lines)
+
+
+def _update_card(checkpoint: Path, section: str) -> None:
+    path = checkpoint / CARD_FILE
+    old = path.read_text(encoding="utf-8") if path.is_file() else ""
+    if _CARD_SECTION.search(old):
+        new = _CARD_SECTION.sub(lambda _: section, old, count=1)
+    else:
+        new = (old.rstrip("\n") + "\n\n" if old.strip() else "") + section
+    write_file_atomic(path, new)
+
+
+def _fmt_bits(bits: float | None) -> str:
+    return "-" if bits is None else f"{bits:g}"
+
+
+def _fmt_size(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.3f}x"
+
+
+def _fmt_loss(loss: float | None) -> str:
+    return "-" if loss is None else f"{loss:.3g}%"
+
+
+def resolve_eval_tasks(model_dir: Path, eval_tasks: list[str] | None) -> list[str]:
+    """The skills tasks to score (``skills``: all of the model's); [] when none are asked for."""
+    if not eval_tasks:
+        return []
+    from quantkit.eval.skills import read_skills
+
+    names = [t["name"] for t in read_skills(model_dir)["tasks"]]
+    if "skills" in eval_tasks:
+        return names
+    unknown = sorted(set(eval_tasks) - set(names))
+    if unknown:
+        raise InputError(
+            f"--eval-tasks: unknown skills task(s) {', '.join(unknown)}",
+            hint=f"choose from {', '.join(names)} or skills",
+        )
+    return [n for n in names if n in eval_tasks]
+
+
+def _judge(entry: CheckpointBuild, max_loss: float, eval_losses: dict[str, float]) -> ChainStep:
+    losses = {**(entry.losses or {}), **eval_losses}
+    step = ChainStep(entry.recipe, entry.avg_bits, entry.checkpoint, "kept", False, entry.size_ratio)
+    step.losses = losses
+    if losses:
+        step.worst_task = max(losses, key=losses.__getitem__)
+        step.worst_loss = losses[step.worst_task]
+    if not entry.ok:
+        step.verdict = entry.status if entry.status == "error" else "failed"
+        step.detail = "; ".join(entry.reasons)
+    elif step.worst_loss is not None and step.worst_loss > max_loss + 1e-9:
+        step.verdict = "over budget"
+        step.detail = f"{step.worst_task} lost {step.worst_loss:.3g}% > {max_loss}%"
+    elif not losses:
+        step.detail = "loss not measured (no --calib and no --eval-tasks)"
+    return step
+
+
+def _should_try(last: ChainStep | None, limit: float) -> bool:
+    """The candidate before failed: its checks, or a task lost more than ``limit`` percent."""
+    if last is None:
+        return False
+    if last.verdict in ("failed", "error"):
+        return True
+    return last.worst_loss is not None and last.worst_loss > limit + 1e-9
+
+
+def _chain(target, *, calib: Path | None, max_loss: float, last: ChainStep | None, index: int):
+    """Whether step ``index`` of the target's chain is tried, and why (None: not tried)."""
+    if index == 0:
+        return target.recipe, None, "the target's recipe"
+    if index <= len(target.avg_bits):
+        bits = target.avg_bits[index - 1]
+        if last is not None and last.verdict in ("over budget", "failed") and _should_try(last, max_loss):
+            return target.recipe, bits, f"most sensitive layers at 8 bits, {bits:g} bits on average"
+        return None
+    fallback = target.fallbacks[index - 1 - len(target.avg_bits)]
+    when = fallback.when
+    if when.no_calibration_data and calib is None:
+        return fallback.recipe, None, "no calibration data"
+    if when.task_loss_above is not None:
+        limit = max_loss if when.task_loss_above == "max_loss" else float(when.task_loss_above)
+        if _should_try(last, limit):
+            return fallback.recipe, None, f"the candidate before failed or lost more than {limit:g}%"
+    return None
+
+
+def _check_reachable(chosen, calib: Path | None) -> None:
+    """Without --calib, every target needs a data-free candidate its chain can reach."""
+    from quantkit.recipes import get_recipe
+
+    if calib is not None:
+        return
+    stuck = []
+    for target in chosen:
+        options = [target.recipe] + [f.recipe for f in target.fallbacks if f.when.no_calibration_data]
+        if all(get_recipe(name).needs_data for name in options):
+            stuck.append(f"{target.name} ({target.recipe})")
+    if stuck:
+        raise InputError(
+            f"targets {', '.join(stuck)} calibrate on data and have no data-free fallback: pass --calib SET"
+        )
+
+
+def build_checkpoints(
+    model_dir: Path,
+    output_root: Path,
+    target_names: list[str],
+    *,
+    calib: Path | None = None,
+    num_samples: int | None = None,
+    vllm: bool = False,
+    drift_samples: int = 12,
+    force: bool = False,
+    targets_file: Path | None = None,
+    max_loss: float | None = None,
+    eval_tasks: list[str] | None = None,
+    eval_items: int = 32,
+    on_checkpoint=None,
+    on_target=None,
+) -> BuildReport:
+    """Build each target's chain until a candidate meets its accuracy budget.
+
+    ``max_loss`` (percent per task) overrides every target's ``max_loss``; the loss is drift on
+    ``drift_samples`` held-out calibration samples (LOSS_DEFINITION) and, with ``eval_tasks``
+    (skills task names of the model's skills.json, or ``skills`` for all), 100% - recovery on
+    ``eval_items`` items per task. A target that fails (bad input, failed proof, failed checks,
+    every candidate over budget) is recorded and the others go on. A candidate whose inputs match
+    the last build and that passed its checks then is reused unless ``force``.
+    ``on_checkpoint`` is called with each (CheckpointBuild, VerifyReport | None) as it finishes,
+    ``on_target`` with each TargetBuild.
+
+    Without ``num_samples``, a stratified share of the set (``drift_samples``, at most a quarter
+    of it) is held out of calibration so that the drift check has samples it did not see.
+    """
+    from quantkit.calibset import load_calibration_report
+    from quantkit.models.adapters import adapter_for
+    from quantkit.targets import load_targets
+
+    if not target_names:
+        raise InputError("no target given", hint="pass --target NAME (see `quantkit targets`)")
+    if max_loss is not None and not 0 <= max_loss <= 100:
+        raise InputError(f"--max-loss {max_loss}: a percent in [0, 100]")
+    model_dir, output_root = Path(model_dir), Path(output_root)
+    refuse_overlap(output_root, {"model folder": model_dir, "calibration set": calib}, option="--output-root")
+    check_model_folder(model_dir)
+    check_writable(output_root, option="--output-root")
+    table = load_targets(targets_file)
+    chosen = [table.get(name) for name in dict.fromkeys(target_names)]
+    eval_names = resolve_eval_tasks(model_dir, eval_tasks)
+    _check_reachable(chosen, calib)
+
+    output_root.mkdir(parents=True, exist_ok=True)
+    run = _Run(
+        model_dir=model_dir,
+        output_root=output_root,
+        adapter=adapter_for(model_dir),
+        calib=calib,
+        calib_hash=load_calibration_report(calib)["samples_sha256"] if calib is not None else None,
+        num_samples=num_samples,
+        vllm=vllm,
+        drift_samples=drift_samples,
+        force=force,
+        eval_names=eval_names,
+        eval_items=eval_items,
+        on_checkpoint=on_checkpoint,
+    )
+    run.report.eval_tasks = eval_names
+    for target in chosen:
+        built = run.build_target(target, target.max_loss if max_loss is None else max_loss)
+        run.report.targets.append(built)
+        run.save()
+        if on_target:
+            on_target(built)
+    for entry in run.report.checkpoints:  # kept or not, each card says what the gate made of it
+        if entry.ok and (Path(entry.checkpoint) / "config.json").is_file():
+            _update_card(Path(entry.checkpoint), _card_section(entry.checkpoint, run.report.targets))
+    run.save()
+    return run.report
+
+
+@dataclass
+class _Run:
+    """One `quantkit build` invocation: its candidates (shared by targets), samples and caches."""
+
+    model_dir: Path
+    output_root: Path
+    adapter: object
+    calib: Path | None
+    calib_hash: str | None
+    num_samples: int | None
+    vllm: bool
+    drift_samples: int
+    force: bool
+    eval_names: list[str]
+    eval_items: int
+    on_checkpoint: object = None
+    report: BuildReport = None
+    drawn: object = None
+    original_scores: dict[str, float] | None = None
+    built: dict[str, CheckpointBuild] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.model_hash = model_fingerprint(self.model_dir)
+        self.previous = _previous(self.output_root)
+        self.cache_dir = self.output_root / ".cache" / "features"
+        calib = str(self.calib) if self.calib else None
+        self.report = BuildReport(str(self.output_root), str(self.model_dir), calib, [])
+
+    def save(self) -> None:  # after each candidate: an interrupted build keeps what finished
+        _write_build_file(self.output_root, self.report, self.previous)
+
+    def build_target(self, target, max_loss: float) -> TargetBuild:
+        result = TargetBuild(target.name, max_loss, "failed")
+        last: ChainStep | None = None
+        for index in range(1 + len(target.avg_bits) + len(target.fallbacks)):
+            step = _chain(target, calib=self.calib, max_loss=max_loss, last=last, index=index)
+            if step is None:
+                fallback = index - 1 - len(target.avg_bits)
+                if fallback >= 0 and target.fallbacks[fallback].when.on_request:
+                    manual = target.fallbacks[fallback]
+                    result.notes.append(f"{manual.recipe} not tried: on request only ({manual.why})")
+                continue
+            recipe_name, bits, why = step
+            if self._needs_data(recipe_name, bits) and self.calib is None:
+                result.notes.append(
+                    f"{recipe_name} not tried: it calibrates on data and no --calib was given"
+                )
+                continue
+            entry, cached = self.candidate(recipe_name, bits, target.name)
+            last = _judge(entry, max_loss, self.eval_losses(entry))
+            last.cached, last.why = cached, why
+            result.chain.append(last)
+            if last.verdict == "kept":
+                result.status, result.checkpoint = "passed", entry.checkpoint
+                break
+        return result
+
+    @staticmethod
+    def _needs_data(recipe_name: str, bits: float | None) -> bool:
+        from quantkit.recipes import get_recipe
+
+        return get_recipe(recipe_name).needs_data or bits is not None
+
+    def candidate(
+        self, recipe_name: str, avg_bits: float | None, target: str
+    ) -> tuple[CheckpointBuild, bool]:
+        """The candidate's record: from this run, from the last build (same inputs), or built now."""
+        from quantkit.recipes import get_recipe
+
+        recipe = get_recipe(recipe_name)
+        suffix = "" if avg_bits is None else f"-avg{avg_bits:g}"
+        checkpoint = self.output_root / f"{self.model_dir.name}-{recipe.name}{suffix}"
+        if str(checkpoint) in self.built:
+            entry = self.built[str(checkpoint)]
+            if target not in entry.targets:
+                entry.targets.append(target)
+            return entry, True
+        key = build_key(
+            self.model_hash,
+            self.calib_hash,
+            recipe,
+            self.num_samples,
+            self.vllm,
+            avg_bits=avg_bits,
+            drift_samples=self.drift_samples,
+        )
+        entry = CheckpointBuild([target], recipe.name, str(checkpoint), "error", key, avg_bits=avg_bits)
+        before = self.previous.get(str(checkpoint))
+        verified = None
+        cached = not self.force and _up_to_date(before, key, checkpoint)
+        if cached:
+            entry.status = "up-to-date"
+            for name in ("vllm", "size_ratio", "drift", "losses", "eval_scores"):
+                setattr(entry, name, before.get(name))
+        else:
+            verified = self._quantize_and_verify(entry, recipe, checkpoint, avg_bits)
+        if self.eval_names and entry.ok:
+            self._score(entry)
+        self.built[str(checkpoint)] = entry
+        self.report.checkpoints.append(entry)
+        if self.on_checkpoint:
+            self.on_checkpoint(entry, verified)
+        self.save()
+        return entry, cached
+
+    def _samples(self):
+        from quantkit.models.inputs import processor_capabilities
+        from quantkit.quantize.calibration_set import samples_from_set
+
+        if self.drawn is None:
+            kinds = processor_capabilities(self.adapter.load_processor(self.model_dir))
+            drawn = samples_from_set(self.calib, model_kinds=kinds, num_samples=self.num_samples)
+            held_out = min(self.drift_samples, len(drawn.samples) // 4) if self.num_samples is None else 0
+            if held_out:  # drift needs samples calibration did not see
+                drawn = samples_from_set(
+                    self.calib, model_kinds=kinds, num_samples=len(drawn.samples) - held_out
+                )
+            self.drawn = drawn
+        return self.drawn
+
+    def _quantize_and_verify(self, entry: CheckpointBuild, recipe, checkpoint: Path, avg_bits: float | None):
+        from quantkit.quantize import quantize
+        from quantkit.verify import verify_checkpoint
+
+        started = time.perf_counter()
+        verified = None
+        uses_data = recipe.needs_data or avg_bits is not None
+        try:
+            drawn = self._samples() if uses_data else None
+            quantize(
+                self.model_dir,
+                checkpoint,
+                recipe,
+                drawn.samples if uses_data else [],
+                sample_labels=drawn.labels if uses_data else None,
+                calib_info=drawn.info if uses_data else None,
+                force=True,  # a stale or failed checkpoint of this recipe is replaced
+                cache_dir=self.cache_dir,
+                progress=False,
+                avg_bits=avg_bits,
+            )
+            verified = verify_checkpoint(
+                checkpoint,
+                reference=self.model_dir if self.calib is not None else None,
+                calib=self.calib,
+                vllm=self.vllm,
+                num_samples=self.drift_samples,
+                # Every candidate on the same held-out samples: those no data recipe calibrated on.
+                exclude_ids=set(self._samples().info["sample_ids"]) if self.calib is not None else None,
+            )
+            entry.status = "passed" if verified.passed else "failed"
+            entry.size_ratio = round(verified.audit.size_ratio, 4)
+            entry.reasons = [f"audit: {c.name}: {c.detail}" for c in verified.audit.checks if not c.passed]
+            if verified.drift is not None:
+                overall = verified.drift.overall
+                entry.drift = {"kl": overall.kl, "top1": overall.top1, "cosine": overall.cosine}
+                entry.losses = task_losses(verified.drift)
+                entry.reasons += [f"drift: {b}" for b in verified.drift.breaches]
+            if verified.vllm is not None:
+                entry.vllm = verified.vllm.status
+                if verified.vllm.status == "failed":
+                    entry.reasons.append(f"vllm: {verified.vllm.reason}")
+        except QuantkitError as error:  # one candidate's failure must not lose the others
+            entry.status = "error"
+            entry.reasons = [str(error)]
+        entry.seconds = round(time.perf_counter() - started, 1)
+        return verified
+
+    def _score(self, entry: CheckpointBuild) -> None:
+        """Skills scores of the candidate for the asked tasks (those not already in its record)."""
+        from quantkit.eval.skills import score_model
+
+        scores = dict((entry.eval_scores or {}).get("scores") or {})
+        if (entry.eval_scores or {}).get("items") != self.eval_items:
+            scores = {}
+        missing = [name for name in self.eval_names if name not in scores]
+        if missing:
+            try:
+                scored = score_model(Path(entry.checkpoint), missing, items=self.eval_items)
+            except QuantkitError as error:
+                entry.status, entry.reasons = "error", [*entry.reasons, f"eval: {error}"]
+                return
+            scores.update({t.task: t.score for t in scored.tasks})
+        entry.eval_scores = {"items": self.eval_items, "scores": scores}
+
+    def eval_losses(self, entry: CheckpointBuild) -> dict[str, float]:
+        """100% - recovery per asked skills task (tasks the original scores 0 on are not judged)."""
+        if not self.eval_names or not entry.eval_scores:
+            return {}
+        if self.original_scores is None:
+            from quantkit.eval.skills import score_model
+
+            scored = score_model(self.model_dir, self.eval_names, items=self.eval_items)
+            self.original_scores = {t.task: t.score for t in scored.tasks}
+            self.report.eval_original = self.original_scores
+        scores = entry.eval_scores["scores"]
+        return {
+            f"eval {task}": round(100.0 - 100.0 * scores[task] / base, 4) + 0.0  # -0.0 reads 0.0
+            for task, base in self.original_scores.items()
+            if base > 0 and task in scores
+        }
