@@ -158,6 +158,6 @@ def test_blackwell_targets_take_nvfp4_and_hopper_falls_back_to_w4a8_and_fp8_bloc
         assert "vLLM" in targets[name].why and "SM1" in targets[name].why
     assert any("RTX 5090" in h for h in targets["rtx50"].hardware)
     assert any("B200" in h for h in targets["blackwell"].hardware)
-    hopper = {f.recipe: f.when for f in targets["hopper"].fallbacks}
+    hopper = {f.recipe: f.why for f in targets["hopper"].fallbacks}
     assert {"w4a8-fp8", "fp8-block"} <= set(hopper)
     assert all("vLLM" in hopper[r] and "SM90" in hopper[r] for r in ("w4a8-fp8", "fp8-block"))
