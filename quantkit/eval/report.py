@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 
 from quantkit.fsutil import write_file_atomic
 
 EVAL_FILE = "eval.json"
-CARD_FILE = "README.md"
 SECTION_START = "<!-- quantkit:eval:start -->"
 SECTION_END = "<!-- quantkit:eval:end -->"
-_SECTION = re.compile(re.escape(SECTION_START) + r".*?" + re.escape(SECTION_END) + r"\n?", re.DOTALL)
 
 
 def write_atomic(path: Path, text: str) -> Path:
@@ -73,13 +70,9 @@ def render_card_section(payload: dict) -> str:
 
 def update_card(checkpoint: Path, section: str) -> Path:
     """Put ``section`` into the checkpoint's README.md: replace the previous one, else append."""
-    path = Path(checkpoint) / CARD_FILE
-    old = path.read_text(encoding="utf-8") if path.is_file() else ""
-    if _SECTION.search(old):
-        new = _SECTION.sub(lambda _: section, old, count=1)
-    else:
-        new = (old.rstrip("\n") + "\n\n" if old.strip() else "") + section
-    return write_atomic(path, new)
+    from quantkit.export.card import update_card_section
+
+    return update_card_section(checkpoint, SECTION_START, SECTION_END, section)
 
 
 def strict_json(value):

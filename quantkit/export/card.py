@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from pathlib import PurePath
+from pathlib import Path, PurePath
 
 import yaml
 
@@ -28,6 +28,26 @@ SERVING: dict[str, str] = {
     "(Marlin) or emulation",
     "W4AFP8": "vLLM `CompressedTensorsW4A8Fp8`: CUTLASS int4 x FP8 mixed-input GEMM on SM90 (Hopper) only",
 }
+
+CARD_FILE = "README.md"
+
+
+def update_card_section(checkpoint: Path, start: str, end: str, section: str) -> Path:
+    """Put ``section`` (which begins with ``start`` and ends with ``end``) into the checkpoint's
+    README.md: in place of the previous one between those markers, else appended. Later stages
+    (eval, build) add their sections this way; the card's own text is left as written."""
+    from quantkit.fsutil import write_file_atomic
+
+    path = Path(checkpoint) / CARD_FILE
+    old = path.read_text(encoding="utf-8") if path.is_file() else ""
+    previous = re.compile(re.escape(start) + r".*?" + re.escape(end) + r"\n?", re.DOTALL)
+    if previous.search(old):
+        new = previous.sub(lambda _: section, old, count=1)
+    else:
+        new = (old.rstrip("\n") + "\n\n" if old.strip() else "") + section
+    write_file_atomic(path, new)
+    return path
+
 
 # The Hub's pipeline tag by what the model takes besides text.
 PIPELINE_TAGS = {(False, False): "text-generation", (True, False): "image-text-to-text"}

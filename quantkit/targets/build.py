@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,7 +22,6 @@ from quantkit.errors import InputError, QuantkitError
 from quantkit.fsutil import check_model_folder, check_writable, refuse_overlap, sha256_file, write_file_atomic
 
 BUILD_FILE = "build.json"
-CARD_FILE = "README.md"
 LOSS_DEFINITION = (
     "the loss of a task is 100 x (sum of KL(original || quantized) over every token position of the "
     "task's held-out calibration samples) / (sum of the original's next-token entropy at those "
@@ -32,7 +30,6 @@ LOSS_DEFINITION = (
     "counts 100% - recovery (checkpoint score / original score)."
 )
 _CARD_START, _CARD_END = "<!-- quantkit:build:start -->", "<!-- quantkit:build:end -->"
-_CARD_SECTION = re.compile(re.escape(_CARD_START) + r".*?" + re.escape(_CARD_END) + r"\n?", re.DOTALL)
 
 
 @dataclass
@@ -234,13 +231,9 @@ def _card_section(checkpoint: str, targets: list[TargetBuild]) -> str:
 
 
 def _update_card(checkpoint: Path, section: str) -> None:
-    path = checkpoint / CARD_FILE
-    old = path.read_text(encoding="utf-8") if path.is_file() else ""
-    if _CARD_SECTION.search(old):
-        new = _CARD_SECTION.sub(lambda _: section, old, count=1)
-    else:
-        new = (old.rstrip("\n") + "\n\n" if old.strip() else "") + section
-    write_file_atomic(path, new)
+    from quantkit.export.card import update_card_section
+
+    update_card_section(checkpoint, _CARD_START, _CARD_END, section)
 
 
 def _fmt_bits(bits: float | None) -> str:
