@@ -235,3 +235,15 @@ def test_a_config_mixing_dense_and_sparse_layers_plans_each_kind_as_the_loaded_m
     dense = [name for name in targets.quantize if ".layers.1.mlp." in name]
     assert dense and all(".experts." not in name for name in dense)
     assert dry.memory["layer_solves"] == len(targets.quantize)
+
+
+def test_loading_in_another_dtype_than_the_checkpoints_counts_the_cast(zoo_model, tmp_path):
+    """transformers reads a bfloat16 checkpoint's tensors before casting them to float32: the
+    host figure holds them on top of the float32 model, and nothing when the dtypes agree."""
+    bare = config_only(zoo_model, "tiny-qwen3", tmp_path)
+    recipe, samples = get_recipe("fp8-dynamic"), text_samples(1)
+    same = plan(bare, recipe, samples, calibration_dtype=torch.bfloat16, host_memory=0).memory
+    cast = plan(bare, recipe, samples, calibration_dtype=torch.float32, host_memory=0).memory
+    assert "loading" not in same["host"]
+    assert cast["host"]["loading"] == 2 * same["host"]["model"]
+    assert cast["host"]["total"] == same["host"]["total"] + same["host"]["model"] + cast["host"]["loading"]

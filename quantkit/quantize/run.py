@@ -460,6 +460,17 @@ def default_calibration_dtype() -> torch.dtype:
 # ---------------------------------------------------------------------- the real thing
 
 
+def release_processor_outputs(rows: list[FeatureRow]) -> None:
+    """Once the decoder's inputs are captured, a row's processor outputs (pixel values, audio
+    features: larger than the hidden states they become) are read for their shapes only (token
+    counts in quantkit.json): keep those, on the meta device, and free the tensors."""
+    for row in rows:
+        row.inputs = {
+            key: value.to("meta") if isinstance(value, torch.Tensor) else value
+            for key, value in row.inputs.items()
+        }
+
+
 def calibrate(
     model: torch.nn.Module,
     processor,
@@ -507,6 +518,7 @@ def calibrate(
                     cache_dir=cache_dir,
                     on_sample=advance,
                 )
+            release_processor_outputs(prepared.rows)  # the decoder runs on the captured inputs
             if spill is not None:
                 for row in captured.rows:
                     row.kwargs = spill.map_kwargs(row.kwargs)
