@@ -116,8 +116,9 @@ def child_runtime() -> dict:
     return {"peak_rss_mb": peak_rss_mb()}
 
 
-def child_plan(config_dir: str) -> dict:
-    started = time.perf_counter()
+def real_plan(config_dir: Path):
+    """``quantize``'s plan for a real config: w4a16, one GPU, bfloat16, REAL_SAMPLES samples of
+    REAL_TOKENS tokens, the host need (not this machine's spill decision)."""
     import torch
 
     from quantkit.models.inputs import Sample
@@ -125,15 +126,20 @@ def child_plan(config_dir: str) -> dict:
     from quantkit.recipes import get_recipe
 
     samples = [Sample([{"role": "user", "content": "a text sample"}])] * REAL_SAMPLES
-    result = plan(
+    return plan(
         Path(config_dir),
         get_recipe("w4a16"),
         samples,
         sample_tokens=[REAL_TOKENS] * REAL_SAMPLES,
         calibration_dtype=torch.bfloat16,
-        host_memory=0,  # the need, not this machine's decision
+        host_memory=0,
         device="cuda",
     )
+
+
+def child_plan(config_dir: str) -> dict:
+    started = time.perf_counter()
+    result = real_plan(Path(config_dir))
     return {
         "memory": result.memory,
         "counts": result.counts,
@@ -163,28 +169,32 @@ def layers(work: Path, code: Path) -> list[dict]:
     return rows
 
 
+def real_row(name: str, memory: dict) -> dict:
+    """One real config's plan as a row of the README's table (sizes in GiB)."""
+    return {
+        "model": name,
+        "recipe": "w4a16",
+        "per_gpu_gib": memory["gib"]["per_gpu"],
+        "hessians_gib": round(memory["per_gpu"]["hessians"] / 2**30, 2),
+        "host_gib": memory["gib"]["host"],
+        "model_gib": round(memory["host"]["model"] / 2**30, 1),
+        "cache_gib": round(
+            (memory["host"]["activation_cache"] + memory["host"]["captured_inputs"]) / 2**30, 1
+        ),
+        "disk_gib": memory["gib"]["disk"],
+        "layer_solves": memory["layer_solves"],
+    }
+
+
 def real() -> list[dict]:
     rows = []
     for name in REAL:
         started = time.perf_counter()
         result = run_child(SCRIPT, "plan", str(ROOT / "bench" / "configs" / name))
-        memory = result["memory"]
-        row = {
-            "model": name,
-            "per_gpu_gib": memory["gib"]["per_gpu"],
-            "hessians_gib": round(memory["per_gpu"]["hessians"] / 2**30, 2),
-            "host_gib": memory["gib"]["host"],
-            "recipe": "w4a16",
-            "model_gib": round(memory["host"]["model"] / 2**30, 1),
-            "cache_gib": round(
-                (memory["host"]["activation_cache"] + memory["host"]["captured_inputs"]) / 2**30, 1
-            ),
-            "disk_gib": memory["gib"]["disk"],
-            "layer_solves": memory["layer_solves"],
-            "plan_s": round(result["plan_s"], 1),
-            "plan_cpu_s": round(result["cpu_s"], 1),
-            "process_s": round(time.perf_counter() - started, 1),
-        }
+        row = real_row(name, result["memory"])
+        row["plan_s"] = round(result["plan_s"], 1)
+        row["plan_cpu_s"] = round(result["cpu_s"], 1)
+        row["process_s"] = round(time.perf_counter() - started, 1)
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
