@@ -9,9 +9,10 @@
 2. ``real``: ``quantize``'s plan for the config-only folders in bench/configs (real shapes of
    Qwen2.5-Omni-7B, Qwen3-Omni-30B-A3B, Qwen3-VL-8B, Qwen2.5-VL-72B) with w4a16 on one GPU in
    bfloat16, 5,000 samples of 1,000 tokens, the host need (not this machine's spill decision);
-   each plan's wall time from a fresh process.
+   each plan's wall and CPU time from a fresh process. ``--readme README.md`` writes these rows
+   as the README's table (between its ``memory-plan-table`` markers), so the table is never typed.
 
-Run: python bench/memory_plan.py [layers|real|all] [--work DIR] [--code DIR]
+Run: python bench/memory_plan.py [layers|real|all] [--work DIR] [--code DIR] [--readme README.md]
 """
 
 from __future__ import annotations
@@ -115,8 +116,9 @@ def child_runtime() -> dict:
     return {"peak_rss_mb": peak_rss_mb()}
 
 
-def child_plan(config_dir: str) -> dict:
-    started = time.perf_counter()
+def real_plan(config_dir: Path):
+    """``quantize``'s plan for a real config: w4a16, one GPU, bfloat16, REAL_SAMPLES samples of
+    REAL_TOKENS tokens, the host need (not this machine's spill decision)."""
     import torch
 
     from quantkit.models.inputs import Sample
@@ -124,16 +126,26 @@ def child_plan(config_dir: str) -> dict:
     from quantkit.recipes import get_recipe
 
     samples = [Sample([{"role": "user", "content": "a text sample"}])] * REAL_SAMPLES
-    result = plan(
+    return plan(
         Path(config_dir),
         get_recipe("w4a16"),
         samples,
         sample_tokens=[REAL_TOKENS] * REAL_SAMPLES,
         calibration_dtype=torch.bfloat16,
-        host_memory=0,  # the need, not this machine's decision
+        host_memory=0,
         device="cuda",
     )
-    return {"memory": result.memory, "counts": result.counts, "plan_s": time.perf_counter() - started}
+
+
+def child_plan(config_dir: str) -> dict:
+    started = time.perf_counter()
+    result = real_plan(Path(config_dir))
+    return {
+        "memory": result.memory,
+        "counts": result.counts,
+        "plan_s": time.perf_counter() - started,
+        "cpu_s": time.process_time(),  # the whole process: interpreter, imports and the plan
+    }
 
 
 def layers(work: Path, code: Path) -> list[dict]:
@@ -157,29 +169,68 @@ def layers(work: Path, code: Path) -> list[dict]:
     return rows
 
 
+def real_row(name: str, memory: dict) -> dict:
+    """One real config's plan as a row of the README's table (sizes in GiB)."""
+    return {
+        "model": name,
+        "recipe": "w4a16",
+        "per_gpu_gib": memory["gib"]["per_gpu"],
+        "hessians_gib": round(memory["per_gpu"]["hessians"] / 2**30, 2),
+        "host_gib": memory["gib"]["host"],
+        "model_gib": round(memory["host"]["model"] / 2**30, 1),
+        "cache_gib": round(
+            (memory["host"]["activation_cache"] + memory["host"]["captured_inputs"]) / 2**30, 1
+        ),
+        "disk_gib": memory["gib"]["disk"],
+        "layer_solves": memory["layer_solves"],
+    }
+
+
 def real() -> list[dict]:
     rows = []
     for name in REAL:
         started = time.perf_counter()
         result = run_child(SCRIPT, "plan", str(ROOT / "bench" / "configs" / name))
-        memory = result["memory"]
-        row = {
-            "model": name,
-            "per_gpu_gib": memory["gib"]["per_gpu"],
-            "hessians_gib": round(memory["per_gpu"]["hessians"] / 2**30, 2),
-            "host_gib": memory["gib"]["host"],
-            "model_gib": round(memory["host"]["model"] / 2**30, 1),
-            "cache_gib": round(
-                (memory["host"]["activation_cache"] + memory["host"]["captured_inputs"]) / 2**30, 1
-            ),
-            "disk_gib": memory["gib"]["disk"],
-            "layer_solves": memory["layer_solves"],
-            "plan_s": round(result["plan_s"], 1),
-            "process_s": round(time.perf_counter() - started, 1),
-        }
+        row = real_row(name, result["memory"])
+        row["plan_s"] = round(result["plan_s"], 1)
+        row["plan_cpu_s"] = round(result["cpu_s"], 1)
+        row["process_s"] = round(time.perf_counter() - started, 1)
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
+
+
+TABLE_START, TABLE_END = (
+    "<!-- memory-plan-table: bench/memory_plan.py real --readme -->",
+    "<!-- /memory-plan-table -->",
+)
+
+
+def readme_table(rows: list[dict]) -> str:
+    """The rows of ``real`` as the README's Markdown table."""
+    out = [
+        "| model (LM quantized) | recipe | weights (bf16) | per GPU peak (of which GPTQ Hessians) "
+        "| host peak: model + activation cache | checkpoint | layer solves | dry run (CPU) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        out.append(
+            f"| {row['model']} | {row['recipe']} | {row['model_gib']:.1f} GiB "
+            f"| {row['per_gpu_gib']:.1f} GiB ({row['hessians_gib']:.1f}) "
+            f"| {row['host_gib']:.0f} GiB ({row['model_gib']:.1f} + {row['cache_gib']:.1f}) "
+            f"| {row['disk_gib']:.1f} GiB | {row['layer_solves']:,} | {row['plan_cpu_s']:.1f} s |"
+        )
+    return "\n".join(out)
+
+
+def write_readme_table(readme: Path, rows: list[dict]) -> None:
+    """Replace the table between the README's markers with ``rows``."""
+    text = readme.read_text(encoding="utf-8")
+    start, end = text.find(TABLE_START), text.find(TABLE_END)
+    if start < 0 or end < start:
+        raise SystemExit(f"{readme}: no {TABLE_START} ... {TABLE_END} markers to write the table between")
+    table = f"{TABLE_START}\n{readme_table(rows)}\n{TABLE_END}"
+    readme.write_text(text[:start] + table + text[end + len(TABLE_END) :], encoding="utf-8")
 
 
 def main() -> None:
@@ -187,6 +238,7 @@ def main() -> None:
     parser.add_argument("part", nargs="?", default="all", choices=["layers", "real", "all"])
     parser.add_argument("--work", type=Path, default=Path("/tmp/quantkit-bench-memory"))
     parser.add_argument("--code", type=Path, default=ROOT)
+    parser.add_argument("--readme", type=Path, help="with real: write the table into this README")
     parser.add_argument("--child", nargs="+")
     args = parser.parse_args()
     if args.child:
@@ -198,7 +250,10 @@ def main() -> None:
     if args.part in ("layers", "all"):
         layers(args.work, args.code)
     if args.part in ("real", "all"):
-        real()
+        rows = real()
+        if args.readme:
+            write_readme_table(args.readme, rows)
+            print(f"wrote the table into {args.readme}")
 
 
 if __name__ == "__main__":

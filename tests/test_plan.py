@@ -185,3 +185,83 @@ def test_the_meta_tree_gives_the_plan_of_the_loaded_model_moe_included(zoo_model
         for m in (meta, loaded)
     ]
     assert plans[0] == plans[1] and plans[0]["layer_solves"] > 0
+
+
+def test_a_config_mixing_dense_and_sparse_layers_plans_each_kind_as_the_loaded_model(zoo_model, tmp_path):
+    """Qwen3-MoE's ``mlp_only_layers`` make some decoder layers dense: the dry run, which builds
+    one decoder layer per kind and multiplies, gives the plan of the loaded model layer by layer."""
+    import transformers
+
+    from quantkit.models.loading import unfuse_experts
+    from quantkit.quantize.plan import memory_plan, reduced_tree
+    from quantkit.quantize.run import checkpoint_size_estimate, precision_plan
+    from quantkit.quantize.targets import resolve_targets
+
+    base = zoo_model("tiny-qwen3-omni-moe")
+    config = transformers.AutoConfig.from_pretrained(base)
+    config.text_config.mlp_only_layers = [1]  # layers 0, 2, 3 sparse (128 experts in real sizes), 1 dense
+    torch.manual_seed(0)
+    model_class = getattr(transformers, config.architectures[0])
+    folder = tmp_path / "mixed"
+    model_class(config).to(torch.bfloat16).save_pretrained(folder)
+    adapter = adapter_for(folder)
+    kinds = reduced_tree(adapter.meta_model(folder), adapter)[1]
+    assert sorted(len(members) for members in kinds.members.values()) == [1, 3]
+
+    recipe = get_recipe("w4a16")
+    tokens = [300, 50]
+    common = dict(calibration_dtype=torch.bfloat16, device="cuda")
+    dry = plan(folder, recipe, text_samples(2), sample_tokens=tokens, host_memory=0, **common)
+    loaded = adapter.load_model(folder, dtype=torch.bfloat16)
+    unfuse_experts(loaded)
+    targets = resolve_targets(loaded, adapter)
+    precision = precision_plan(loaded, adapter, recipe, targets)
+    full = memory_plan(
+        loaded,
+        adapter,
+        recipe,
+        targets,
+        tokens,
+        saved_dtype=torch.bfloat16,
+        available=0,
+        group_size=precision.group_size,
+        **common,
+    )
+    assert dry.memory == full.to_dict()
+    assert dry.counts == targets.counts() and dry.precision == precision.to_dict()
+    assert dry.checkpoint_bytes == checkpoint_size_estimate(
+        loaded, targets, recipe, precision, torch.bfloat16, folder
+    )
+    dense = [name for name in targets.quantize if ".layers.1.mlp." in name]
+    assert dense and all(".experts." not in name for name in dense)
+    assert dry.memory["layer_solves"] == len(targets.quantize)
+
+
+def test_loading_in_another_dtype_than_the_checkpoints_counts_the_cast(zoo_model, tmp_path):
+    """transformers reads a bfloat16 checkpoint's tensors before casting them to float32: the
+    host figure holds them on top of the float32 model, and nothing when the dtypes agree."""
+    bare = config_only(zoo_model, "tiny-qwen3", tmp_path)
+    recipe, samples = get_recipe("fp8-dynamic"), text_samples(1)
+    same = plan(bare, recipe, samples, calibration_dtype=torch.bfloat16, host_memory=0).memory
+    cast = plan(bare, recipe, samples, calibration_dtype=torch.float32, host_memory=0).memory
+    assert "loading" not in same["host"]
+    assert cast["host"]["loading"] == 2 * same["host"]["model"]
+    assert cast["host"]["total"] == same["host"]["total"] + same["host"]["model"] + cast["host"]["loading"]
+
+
+def test_the_readme_table_is_the_plans_of_the_four_real_configs():
+    """README's table of real sizes is what `bench/memory_plan.py real --readme` writes from the
+    dry run's plans of bench/configs (every figure but the measured CPU time)."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("memory_plan_bench", root / "bench" / "memory_plan.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    table = readme[readme.index(bench.TABLE_START) : readme.index(bench.TABLE_END)].splitlines()
+    for name in bench.REAL:
+        memory = bench.real_plan(root / "bench" / "configs" / name).memory
+        line = bench.readme_table([{**bench.real_row(name, memory), "plan_cpu_s": 0}]).splitlines()[-1]
+        figures = line.rsplit("|", 2)[0]  # the last cell is the measured CPU time
+        assert any(row.startswith(figures) for row in table), f"README's row for {name} is not {figures}"

@@ -42,6 +42,7 @@ ASSUMED_TOKENS = 1024
 # Free host memory kept for everything the plan does not count (allocator slack, page cache).
 HOST_HEADROOM = 0.10
 HESSIAN_BYTES = 4  # GPTQ accumulates in float32
+LOAD_COPIES = 2  # the checkpoint's tensors held while loading casts them (see memory_plan)
 
 
 def _dtype_bytes(dtype: torch.dtype) -> int:
@@ -114,6 +115,140 @@ class MemoryPlan:
         return out
 
 
+def _signature(layer: torch.nn.Module) -> tuple:
+    """What makes two decoder layers the same kind for the plan: their module tree (names and
+    classes) and every parameter's shape and dtype. Qwen3-MoE's dense (``mlp_only_layers``,
+    ``decoder_sparse_step``) and sparse layers differ; the 48 sparse layers of a 30B MoE do not."""
+    return tuple(
+        (
+            name,
+            type(module).__qualname__,
+            tuple((p, tuple(t.shape), t.dtype) for p, t in module.named_parameters(recurse=False)),
+        )
+        for name, module in layer.named_modules()
+    )
+
+
+@dataclass
+class LayerKinds:
+    """The decoder layers grouped by kind: ``members`` maps the layer standing for a kind (its
+    module name) to the full model's layers of that kind, in order. On the full tree the
+    representative is the kind's first layer; on :func:`reduced_tree`'s tree it is the kind's
+    position in the shortened layer list."""
+
+    members: dict[str, list[str]]
+    order: list[str]  # every decoder layer of the full model, in order
+
+    @classmethod
+    def each(cls, layers: dict[str, torch.nn.Module]) -> LayerKinds:
+        """Every layer its own kind (a full tree: nothing to multiply)."""
+        return cls({name: [name] for name in layers}, list(layers))
+
+    @classmethod
+    def of(cls, layers: dict[str, torch.nn.Module]) -> LayerKinds:
+        first: dict[tuple, str] = {}
+        members: dict[str, list[str]] = {}
+        for name, layer in layers.items():
+            rep = first.setdefault(_signature(layer), name)
+            members.setdefault(rep, []).append(name)
+        return cls(members, list(layers))
+
+    @property
+    def layers(self) -> int:
+        return len(self.order)
+
+    def rep_of(self, name: str) -> str | None:
+        """The representative layer ``name`` lies in (None: outside every decoder layer)."""
+        head = name
+        while head:
+            if head in self.members:
+                return head
+            head = head.rpartition(".")[0]
+        return None
+
+    def multiplicity(self, name: str) -> int:
+        """How many modules of the full model ``name`` (a module of this tree) stands for."""
+        rep = self.rep_of(name)
+        return len(self.members[rep]) if rep else 1
+
+    def expand(self, items: dict) -> dict:
+        """A mapping keyed by names in this tree -> keyed by the full model's names, in the full
+        model's order (the layers' entries where the first layer's were)."""
+        out: list[tuple[str, object]] = []
+        inside: dict[str, list[tuple[str, object]]] = {rep: [] for rep in self.members}
+        position = None
+        for name, value in items.items():
+            rep = self.rep_of(name)
+            if rep is None:
+                out.append((name, value))
+                continue
+            position = len(out) if position is None else position
+            inside[rep].append((name[len(rep) :], value))
+        if position is not None:
+            owner = {full: rep for rep, fulls in self.members.items() for full in fulls}
+            layers = [(full + suffix, value) for full in self.order for suffix, value in inside[owner[full]]]
+            out[position:position] = layers
+        return dict(out)
+
+    def expand_names(self, names: list[str]) -> list[str]:
+        return list(self.expand(dict.fromkeys(names)))
+
+
+def reduced_tree(model: torch.nn.Module, adapter: Adapter) -> tuple[torch.nn.Module, LayerKinds] | None:
+    """``model`` (fused, on the meta device) with its decoder-layer list cut to one layer per
+    kind, and the kinds mapping the kept layers to the full model's (None: the layers are not
+    one list, nothing is cut). Building and walking 25,919 modules of a 48-layer x 128-expert
+    MoE takes seconds; one layer per kind, multiplied, gives the same plan."""
+    layers = decoder_layers(model, adapter)
+    containers = {name.rpartition(".")[0] for name in layers}
+    if len(containers) != 1:
+        return None
+    container = containers.pop()
+    full = LayerKinds.of(layers)
+    if len(full.members) == len(layers):
+        return None  # every layer its own kind: nothing to cut
+    kept = list(full.members)
+    model.set_submodule(container, torch.nn.ModuleList([layers[name] for name in kept]))
+    members = {f"{container}.{i}": full.members[name] for i, name in enumerate(kept)}
+    return model, LayerKinds(members, full.order)
+
+
+class ExpandedTree:
+    """``get_submodule`` by the full model's names on the reduced tree (what the precision plan
+    and the group-size guard read: each layer's in- and out-features)."""
+
+    def __init__(self, model: torch.nn.Module, kinds: LayerKinds):
+        self.model = model
+        self._modules = dict(model.named_modules())
+        self._rep_for = {full: rep for rep, fulls in kinds.members.items() for full in fulls}
+
+    def get_submodule(self, name: str) -> torch.nn.Module:
+        head = name
+        while head and head not in self._rep_for:
+            head = head.rpartition(".")[0]
+        own = self._rep_for[head] + name[len(head) :] if head else name
+        if own not in self._modules:
+            raise AttributeError(f"the model has no module {name!r}")
+        return self._modules[own]
+
+    def named_modules(self, *args, **kwargs):
+        """The reduced tree's modules (the decoder-layer list sits at the same path: what the
+        language model's root is read from)."""
+        return self.model.named_modules(*args, **kwargs)
+
+
+def expand_targets(targets: TargetPlan, kinds: LayerKinds) -> TargetPlan:
+    """The reduced tree's target plan as the full model's: names expanded to every layer of their
+    kind (the ``re:`` patterns generalise layer indices already)."""
+    return TargetPlan(
+        groups=kinds.expand(targets.groups),
+        quantize=kinds.expand_names(targets.quantize),
+        kept=kinds.expand(targets.kept),
+        targets=targets.targets,
+        ignore=kinds.expand_names(targets.ignore),
+    )
+
+
 def _layer_figures(layer: torch.nn.Module, targeted: set[int], gptq: bool) -> tuple[int, int, int, int]:
     """(parameters, Hessian bytes, GPTQ workspace bytes, widest Linear output) of one decoder layer."""
     params = sum(p.numel() for p in layer.parameters())
@@ -144,24 +279,30 @@ def _text_config(decoder: torch.nn.Module):
 
 
 def checkpoint_bytes(
-    model: torch.nn.Module, targets: TargetPlan, recipe: Recipe, saved: torch.dtype, group_size
+    model: torch.nn.Module,
+    targets: TargetPlan,
+    recipe: Recipe,
+    saved: torch.dtype,
+    group_size,
+    kinds: LayerKinds | None = None,
 ):
     """The checkpoint's size: targeted Linears at the recipe's bits plus scales (and zero points
-    for asymmetric groups), every other tensor in the saved dtype."""
+    for asymmetric groups), every other tensor in the saved dtype. ``kinds``: ``model`` is a
+    :func:`reduced_tree` (each kept layer counts for every layer of its kind)."""
     saved_bytes = _dtype_bytes(saved)
     bits = _weight_bits(recipe)
     quantized = _module_ids(model, targets.quantize)
     total = 0
-    for module in model.modules():
+    for name, module in model.named_modules():
         own = sum(p.numel() for p in module.parameters(recurse=False))
         if id(module) in quantized:
             weight = module.in_features * module.out_features
             groups = module.out_features * (module.in_features // group_size if group_size else 1)
             zero_points = 0.5 if recipe.scheme == "W4A16" and not recipe.symmetric else 0
-            total += weight * bits // 8 + int(groups * (2 + zero_points))
-            total += (own - weight) * saved_bytes  # biases
+            size = weight * bits // 8 + int(groups * (2 + zero_points)) + (own - weight) * saved_bytes
         else:
-            total += own * saved_bytes
+            size = own * saved_bytes
+        total += size * (kinds.multiplicity(name) if kinds else 1)
     return total
 
 
@@ -179,14 +320,17 @@ def memory_plan(
     max_cpu_memory: int | None = None,
     group_size: int | None = None,
     available: int | None = None,
+    kinds: LayerKinds | None = None,
 ) -> MemoryPlan:
     """The plan for ``model`` (meta device, experts unfused) with ``tokens`` per calibration
     sample (None where unknown). ``device``: "cuda" when a GPU is there, else "cpu" (the
     per-layer figures then count on the host). ``available`` host bytes default to MemAvailable
-    (0: unknown, nothing is decided from it)."""
+    (0: unknown, nothing is decided from it). ``kinds``: ``model`` is a :func:`reduced_tree`
+    (one decoder layer per kind; ``targets`` are its names), each layer counted for its kind."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype_bytes = _dtype_bytes(calibration_dtype)
     layers = decoder_layers(model, adapter)
+    kinds = kinds or LayerKinds.each(layers)
     decoder = model.get_submodule(adapter.decoder_path)
     text = _text_config(decoder)
     hidden = int(text.hidden_size)
@@ -194,8 +338,10 @@ def memory_plan(
     head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
     gptq = recipe.method == "gptq" and recipe.needs_data
     targeted = _module_ids(model, targets.quantize)
-    figures = [_layer_figures(layer, targeted, gptq) for layer in layers.values()]
-    layer_params, hessians, workspace, widest = (max(column) for column in zip(*figures, strict=True))
+    figures = {rep: _layer_figures(layers[rep], targeted, gptq) for rep in kinds.members}
+    layer_params, hessians, workspace, widest = (
+        max(column) for column in zip(*figures.values(), strict=True)
+    )
 
     notes = []
     known = [t for t in tokens if t is not None] if recipe.needs_data else []
@@ -229,6 +375,7 @@ def memory_plan(
     per_gpu["total"] = sum(per_gpu.values())
 
     params = sum(p.numel() for p in model.parameters())
+    params += sum((len(fulls) - 1) * figures[rep][0] for rep, fulls in kinds.members.items())
     model_bytes = params * dtype_bytes
     if offload == "disk":
         in_memory = min(model_bytes, max_cpu_memory if max_cpu_memory is not None else model_bytes)
@@ -251,7 +398,7 @@ def memory_plan(
     usable = int(available * (1 - HOST_HEADROOM)) if available else None
     cache = boundary + captured
     spill = bool(recipe.needs_data and usable is not None and host["total"] > usable and cache)
-    disk = {"checkpoint": checkpoint_bytes(model, targets, recipe, saved_dtype, group_size)}
+    disk = {"checkpoint": checkpoint_bytes(model, targets, recipe, saved_dtype, group_size, kinds)}
     if offload == "disk":
         disk["offload"] = model_bytes - in_memory
     if spill:
@@ -262,6 +409,14 @@ def memory_plan(
         )
         host["total"] -= cache
         host["activation_cache"] = host["captured_inputs"] = 0
+    # Loading in another dtype than the checkpoint's: transformers reads each tensor in the saved
+    # dtype (its file pages stay mapped) and casts it, which peaks at about the model in the saved
+    # dtype twice over on top of the cast model (measured: 166M parameters, bfloat16 to float32,
+    # 1.30 GB above the 0.66 GB model). Before calibration: only what exceeds that phase counts.
+    if offload != "disk" and calibration_dtype != saved_dtype:
+        load_copy = LOAD_COPIES * params * _dtype_bytes(saved_dtype)
+        host["loading"] = max(0, load_copy - (host["total"] - host["runtime"] - host["model"]))
+        host["total"] += host["loading"]
     if usable is not None and host["total"] > usable:
         notes.append(
             f"the model ({in_memory / GIB:.1f} GiB in {str(calibration_dtype).removeprefix('torch.')}) does not "
@@ -269,13 +424,13 @@ def memory_plan(
             + (" or --calibration-dtype bfloat16" if dtype_bytes > 2 else "")
         )
     disk["total"] = sum(disk.values())
-    solves = sum(1 for _ in targets.quantize) if gptq else 0
+    solves = sum(kinds.multiplicity(name) for name in targets.quantize) if gptq else 0
     return MemoryPlan(
         device=device,
         calibration_dtype=str(calibration_dtype).removeprefix("torch."),
         saved_dtype=str(saved_dtype).removeprefix("torch."),
-        decoder_layers=len(layers),
-        subgraphs=len(layers) + 1,
+        decoder_layers=kinds.layers,
+        subgraphs=kinds.layers + 1,
         layer_solves=solves,
         tokens={"samples": len(lengths), "total": total_tokens, "max": longest, "source": source},
         per_gpu=per_gpu,

@@ -68,7 +68,7 @@ from quantkit.quantize.distributed import (
     shard,
 )
 from quantkit.quantize.pipelines import run_oneshot
-from quantkit.quantize.plan import memory_plan
+from quantkit.quantize.plan import ExpandedTree, LayerKinds, expand_targets, memory_plan, reduced_tree
 from quantkit.quantize.probe import CalibrationProbe
 from quantkit.quantize.scales import check_scales
 from quantkit.quantize.spill import spilled_activations
@@ -233,10 +233,12 @@ def checkpoint_size_estimate(
     dtype: torch.dtype,
     model_dir: Path,
     avg_bits: float | None = None,
+    kinds: LayerKinds | None = None,
 ) -> int:
     """Bytes the checkpoint will take, from the module tree on the meta device: quantized weights
     at their bits (scales and zero points included), the rest in the saved dtype, plus the
-    source's other files (tokenizer, processor)."""
+    source's other files (tokenizer, processor). ``kinds``: ``model`` is a reduced tree (one
+    decoder layer per kind, counted for each layer of its kind)."""
     item = torch.empty((), dtype=dtype).element_size()
     quantized = set(targets.quantize)
     seen: set[int] = set()
@@ -246,11 +248,12 @@ def checkpoint_size_estimate(
             if id(param) in seen:
                 continue  # tied weights are saved once
             seen.add(id(param))
+            count = kinds.multiplicity(name) if kinds else 1
             if name in quantized and param_name == "weight":
-                quantized_weights += param.numel()
-                rows += param.shape[0]
+                quantized_weights += param.numel() * count
+                rows += param.shape[0] * count
             else:
-                kept_bytes += param.numel() * item
+                kept_bytes += param.numel() * item * count
     if precision is not None:
         bits = max(
             precision.effective_bits, (avg_bits or 0.0) + (precision.effective_bits - precision.avg_bits)
@@ -393,14 +396,19 @@ def plan(
     check_precision_options(recipe, avg_bits)
     table = _load_sensitivity(sensitivity)
     model = adapter.meta_model(model_dir)
+    # One decoder layer per kind (dense / sparse), multiplied: the same plan as the whole tree.
+    reduced = reduced_tree(model, adapter)
+    kinds = reduced[1] if reduced else None
     unfuse_experts_on_meta(model)
-    targets = resolve_targets(model, adapter)
-    check_group_size_fits(model, targets, recipe, refuse=strict_group_size)
+    kept_targets = resolve_targets(model, adapter)
+    check_group_size_fits(model, kept_targets, recipe, refuse=strict_group_size)
+    targets = expand_targets(kept_targets, kinds) if kinds else kept_targets
+    tree = ExpandedTree(model, kinds) if kinds else model
     precision = precision_plan(
-        model, adapter, recipe, targets, avg_bits=avg_bits, sensitivity=table, count_overhead=count_overhead
+        tree, adapter, recipe, targets, avg_bits=avg_bits, sensitivity=table, count_overhead=count_overhead
     )
     if precision is not None:
-        check_group_divisibility(model, precision.group_sizes(targets.quantize))
+        check_group_divisibility(tree, precision.group_sizes(targets.quantize))
     failure = adapter.known_failure(recipe.scheme)
     used = samples if recipe.needs_data else []
     tokens = list(sample_tokens) if sample_tokens is not None else [None] * len(samples)
@@ -408,7 +416,7 @@ def plan(
         model,
         adapter,
         recipe,
-        targets,
+        kept_targets,
         tokens[: len(used)],
         calibration_dtype=calibration_dtype or default_calibration_dtype(),
         saved_dtype=saved_dtype(model_dir),
@@ -417,6 +425,7 @@ def plan(
         group_size=precision.group_size if precision else group_size(recipe),
         available=host_memory,
         device=device,
+        kinds=kinds,
     )
     return QuantizePlan(
         model_dir=model_dir,
@@ -437,7 +446,7 @@ def plan(
         group_size=precision.group_size if precision else group_size(recipe),
         precision=precision.to_dict() if precision else None,
         checkpoint_bytes=checkpoint_size_estimate(
-            model, targets, recipe, precision, saved_dtype(model_dir), model_dir, avg_bits
+            model, kept_targets, recipe, precision, saved_dtype(model_dir), model_dir, avg_bits, kinds
         ),
         memory=memory.to_dict(),
     )
@@ -449,6 +458,17 @@ def default_calibration_dtype() -> torch.dtype:
 
 
 # ---------------------------------------------------------------------- the real thing
+
+
+def release_processor_outputs(rows: list[FeatureRow]) -> None:
+    """Once the decoder's inputs are captured, a row's processor outputs (pixel values, audio
+    features: larger than the hidden states they become) are read for their shapes only (token
+    counts in quantkit.json): keep those, on the meta device, and free the tensors."""
+    for row in rows:
+        row.inputs = {
+            key: value.to("meta") if isinstance(value, torch.Tensor) else value
+            for key, value in row.inputs.items()
+        }
 
 
 def calibrate(
@@ -498,6 +518,7 @@ def calibrate(
                     cache_dir=cache_dir,
                     on_sample=advance,
                 )
+            release_processor_outputs(prepared.rows)  # the decoder runs on the captured inputs
             if spill is not None:
                 for row in captured.rows:
                     row.kwargs = spill.map_kwargs(row.kwargs)
