@@ -12,12 +12,14 @@ import json
 import pytest
 import test_quantize
 import torch
+from test_mixed_precision import vllm_answer
 from test_verify import served_or_skip
 
 from quantkit.export.card import SERVING
 from quantkit.models import adapter_for
 from quantkit.recipes import SCHEME_FORMATS, get_recipe, list_recipes
 from quantkit.recipes.modifiers import build_modifiers, resolved_scheme
+from quantkit.recipes.schema import PINNED_FORMATS
 from quantkit.verify import audit_checkpoint
 from quantkit.verify.vllm_check import shipped_schemes, vllm_python
 from quantkit.zoo.models import ZOO
@@ -34,8 +36,20 @@ NEW_RECIPES = {
 # transformers 5.17 cannot reload block-scaled FP8 into fused MoE experts: its DecompressExperts
 # stacks the per-expert weight_scale blocks against the fused weight's rows (size mismatch 256 vs 2).
 # Strict: the day it reloads, this fails and the known limit in README goes.
+# transformers 5.17 reloads NVFP4 experts without their per-tensor global scale: DecompressExperts
+# hands compressed-tensors only weight_packed and weight_scale (the load report lists every
+# expert's weight_global_scale as unexpected), so each expert comes back about 30,000x too large.
+NVFP4_EXPERTS = (
+    "transformers' DecompressExperts drops the NVFP4 experts' weight_global_scale (experts reload "
+    "about 30,000x too large)"
+)
 KNOWN_RELOAD_FAILURES = {
-    ("tiny-qwen3-omni-moe", "fp8-block"): "transformers' DecompressExperts cannot re-fuse block-scaled FP8 experts"
+    (
+        "tiny-qwen3-omni-moe",
+        "fp8-block",
+    ): "transformers' DecompressExperts cannot re-fuse block-scaled FP8 experts",
+    ("tiny-qwen3-omni-moe", "nvfp4-a16"): NVFP4_EXPERTS,
+    ("tiny-qwen3-omni-moe", "nvfp4"): NVFP4_EXPERTS,
 }
 MATRIX = [
     pytest.param(m, r, marks=pytest.mark.xfail(strict=True, reason=KNOWN_RELOAD_FAILURES[m, r]))
@@ -72,9 +86,16 @@ def test_new_recipes_are_the_library_presets(name):
 
     scheme = NEW_RECIPES[name][0]
     recipe = get_recipe(name)
-    (modifier,) = build_modifiers(recipe, targets=["re:.*language_model.*"], ignore=["lm_head"])
-    assert modifier.scheme == scheme
-    preset = preset_name_to_scheme(scheme, ["Linear"]).model_dump(mode="json", exclude_none=True)
+    targets = ["re:.*language_model.*"]
+    (modifier,) = build_modifiers(recipe, targets=targets, ignore=["lm_head"])
+    library = preset_name_to_scheme(scheme, targets)
+    if scheme in PINNED_FORMATS:  # the preset itself, with the format vLLM loads pinned on it
+        (group,) = modifier.config_groups.values()
+        assert group.format == PINNED_FORMATS[scheme] == NEW_RECIPES[name][2]
+        assert group.model_dump(exclude={"format"}) == library.model_dump(exclude={"format"})
+    else:
+        assert modifier.scheme == scheme
+    preset = library.model_dump(mode="json", exclude_none=True)
     resolved = resolved_scheme(recipe)
     assert resolved["preset"] == scheme and resolved["format"] == NEW_RECIPES[name][2]
     assert resolved["weights"] == preset["weights"]
@@ -125,12 +146,18 @@ def test_new_recipe_on_every_zoo_model(quantized, reference, zoo_model, media, n
     assert result.counts["language_model"]["quantized"] == len(result.quantized_modules)
     assert not any(row["quantized"] for group, row in result.counts.items() if group != "language_model")
 
-    # transformers reloads it (compressed-tensors decompresses) and runs every modality it takes.
+    # transformers reloads it (compressed-tensors decompresses) and runs every modality it takes,
+    # with logits nearer the original's than no logits at all (relative MSE below 1): a layer
+    # decompressed with a wrong scale fails this, a 4-bit or FP8 rounding error does not.
     model = adapter.load_model(output, dtype=torch.bfloat16)
+    errors = {}
     for kind, (inputs, ref_logits) in reference(name).items():
         with torch.no_grad():
             logits = model(**inputs).logits.float()
         assert logits.shape == ref_logits.shape and torch.isfinite(logits).all(), kind
+        errors[kind] = round(test_quantize.relative_mse(logits, ref_logits), 5)
+    print(f"\n{name} {recipe_name}: relative logit MSE after reload {errors}")
+    assert max(errors.values()) < 1, errors
     assert scheme in SERVING and SERVING[scheme] in (output / "README.md").read_text()
 
 
@@ -143,6 +170,79 @@ def test_vllm_serves_the_new_recipe_or_names_the_missing_kernel(quantized, recip
     from quantkit.verify.vllm_check import check_with_vllm
 
     served_or_skip(check_with_vllm(quantized("tiny-qwen3-vl", recipe_name).output))
+
+
+# vLLM's config matcher on each checkpoint, as on the GPU the recipe is for: the compressed-tensors
+# scheme class vLLM builds for a layer, and the compute capability (major, minor) it is asked on
+# (the matcher gates W4AFP8 on exactly SM90; the CPU backend has no capability).
+SCHEME_CLASSES = {
+    "FP8_BLOCK": ((9, 0), "CompressedTensorsW8A8Fp8"),
+    "NVFP4A16": ((8, 0), "CompressedTensorsW4A4Fp4(use_a16=True)"),
+    "NVFP4": ((10, 0), "CompressedTensorsW4A4Fp4"),
+    "W4AFP8": ((9, 0), "CompressedTensorsW4A8Fp8"),
+}
+VLLM_MATCHER = r"""
+import json, sys
+import torch
+from vllm.model_executor.layers.quantization.compressed_tensors import compressed_tensors as ct
+from vllm.model_executor.layers.quantization.compressed_tensors.schemes import CompressedTensorsScheme
+from vllm.platforms.interface import DeviceCapability
+capability = [0, 0]  # set per checkpoint below
+type(ct.current_platform).get_device_capability = classmethod(lambda cls, device_id=0: DeviceCapability(*capability))
+
+# The matcher's choice, not the kernels: each scheme class records its arguments instead of
+# building (building reads a running engine's config). The capability check stays the class's own.
+def recorder(cls):
+    class Picked:
+        def __init__(self, *args, **kwargs):
+            self.label = cls.__name__ + ("(use_a16=True)" if kwargs.get("use_a16") else "")
+
+        get_min_capability = cls.get_min_capability
+    return Picked
+
+for attr, value in list(vars(ct).items()):
+    if isinstance(value, type) and issubclass(value, CompressedTensorsScheme):
+        setattr(ct, attr, recorder(value))
+answers = []
+for job in json.loads(sys.argv[1]):
+    capability[:] = job["capability"]
+    quant = ct.CompressedTensorsConfig.from_config(json.load(open(job["config"]))["quantization_config"])
+    found = {}
+    for name in job["names"]:
+        scheme = quant.get_scheme(torch.nn.Linear(1, 1), layer_name=name)
+        found[name] = None if scheme is None else scheme.label
+    answers.append(found)
+print("ANSWER" + json.dumps(answers))
+"""
+
+
+def vllm_scheme_classes(python, jobs: list[tuple]) -> list[dict]:
+    """Per (checkpoint, capability, layer names): each name's scheme class as vLLM's
+    CompressedTensorsConfig picks it (None: unquantized). One vLLM import for all."""
+    request = [{"config": str(c / "config.json"), "capability": list(cap), "names": n} for c, cap, n in jobs]
+    return vllm_answer(python, VLLM_MATCHER, json.dumps(request))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(vllm_python() is None, reason="no vLLM environment (make vllm-env)")
+@pytest.mark.parametrize("recipe_name", list(NEW_RECIPES))
+def test_vllm_matcher_resolves_each_layer_to_the_scheme_class(quantized, zoo_model, recipe_name):
+    """On every zoo model: every quantized language-model layer to the recipe's scheme class,
+    every kept Linear (towers, head: the names the checkpoint's ignore list holds) to none."""
+    capability, expected = SCHEME_CLASSES[NEW_RECIPES[recipe_name][0]]
+    jobs, checks = [], []
+    for name in ZOO:
+        result = quantized(name, recipe_name)
+        adapter = adapter_for(zoo_model(name))
+        prefix = adapter.serving.prefix if adapter.serving else ""
+        config = json.loads((result.output / "config.json").read_text())
+        kept = [entry for entry in config["quantization_config"]["ignore"] if not entry.startswith("re:")]
+        layers = [prefix + module for module in result.quantized_modules]
+        jobs.append((result.output, capability, layers + kept))
+        checks.append((name, layers, kept))
+    for (name, layers, kept), found in zip(checks, vllm_scheme_classes(vllm_python(), jobs), strict=True):
+        assert {found[n] for n in layers} == {expected}, name
+        assert kept and all(found[n] is None for n in kept), name
 
 
 # ------------------------------------------------------------------------------ targets

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quantkit.recipes.schema import Recipe
+from quantkit.recipes.schema import PINNED_FORMATS, Recipe
 
 
 def kv_cache_fp8_args():
@@ -34,6 +34,16 @@ def weight_args(recipe: Recipe, group_size: int | None = None):
     if size and args.group_size:
         args = args.model_copy(update={"group_size": size})  # keeps the preset otherwise untouched
     return args
+
+
+def pinned_preset(recipe: Recipe, targets: list[str]):
+    """The recipe's preset on ``targets`` with the checkpoint format pinned (PINNED_FORMATS):
+    the library's own scheme, only its ``format`` set."""
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    scheme = preset_name_to_scheme(preset_name(recipe), list(targets))
+    scheme.format = PINNED_FORMATS[recipe.scheme]
+    return scheme
 
 
 def build_modifiers(
@@ -66,6 +76,8 @@ def build_modifiers(
             SmoothQuantModifier(smoothing_strength=recipe.smoothquant_strength, mappings=smoothquant_mappings)
         )
     common: dict[str, Any] = dict(targets=list(targets), ignore=list(ignore))
+    if not config_groups and recipe.scheme in PINNED_FORMATS:
+        config_groups = {"group_0": pinned_preset(recipe, targets)}
     if config_groups:
         common = dict(config_groups=dict(config_groups), ignore=list(ignore))
     else:

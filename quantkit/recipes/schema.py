@@ -21,6 +21,11 @@ SCHEME_FORMATS: dict[str, str] = {
     # int4 weights packed in int32 (group 128, symmetric), dynamic per-token FP8 activations
     "W4AFP8": "pack-quantized",
 }
+# Schemes whose format compressed-tensors would infer wrongly, pinned on the scheme itself
+# (QuantizationScheme.format, which its inference honours). compressed-tensors 0.19 writes int
+# weights with FP8 activations as int-quantized (one int8 per 4-bit value, weight_scale only):
+# vLLM's CompressedTensorsW4A8Fp8 loads weight_packed and weight_shape, the pack-quantized layout.
+PINNED_FORMATS: dict[str, str] = {"W4AFP8": "pack-quantized"}
 # Schemes whose activations are quantized with scales fixed from calibration data (NVFP4: the
 # activations' per-tensor global scale; the per-group scales stay dynamic).
 STATIC_ACTIVATION_SCHEMES = {"FP8", "NVFP4"}
