@@ -1,5 +1,5 @@
-"""The 2026 recipes (issue 21): block-wise FP8, NVFP4 (weight-only and W4A4) and W4AFP8, on
-every zoo model; and the Blackwell and Hopper targets that use them.
+"""The 2026 recipes (issue 21): block-wise FP8, NVFP4 (weight-only and W4A4), W4AFP8 and AWQ
+W4A16, on every zoo model; and the Blackwell and Hopper targets that use them.
 
 Real libraries (llmcompressor, compressed-tensors, transformers, vLLM where it has a kernel), the
 tiny zoo models and real media; the fixtures and helpers are test_quantize's.
@@ -16,9 +16,9 @@ from test_mixed_precision import vllm_answer
 from test_verify import served_or_skip
 
 from quantkit.export.card import SERVING
-from quantkit.models import adapter_for
+from quantkit.models import adapter_for, builtin_adapters
 from quantkit.recipes import SCHEME_FORMATS, get_recipe, list_recipes
-from quantkit.recipes.modifiers import build_modifiers, resolved_scheme
+from quantkit.recipes.modifiers import build_modifiers, preset_name, resolved_scheme
 from quantkit.recipes.schema import PINNED_FORMATS
 from quantkit.verify import audit_checkpoint
 from quantkit.verify.vllm_check import shipped_schemes, vllm_python
@@ -32,10 +32,11 @@ NEW_RECIPES = {
     "nvfp4-a16": ("NVFP4A16", False, "nvfp4-pack-quantized"),
     "w4a8-fp8": ("W4AFP8", True, "pack-quantized"),
     "nvfp4": ("NVFP4", True, "nvfp4-pack-quantized"),
+    "w4a16-awq": ("W4A16", True, "pack-quantized"),
 }
 # transformers 5.17 cannot reload block-scaled FP8 into fused MoE experts: its DecompressExperts
 # stacks the per-expert weight_scale blocks against the fused weight's rows (size mismatch 256 vs 2).
-# Strict: the day it reloads, this fails and the known limit in README goes.
+FP8_BLOCK_EXPERTS = "transformers' DecompressExperts cannot re-fuse block-scaled FP8 experts"
 # transformers 5.17 reloads NVFP4 experts without their per-tensor global scale: DecompressExperts
 # hands compressed-tensors only weight_packed and weight_scale (the load report lists every
 # expert's weight_global_scale as unexpected), so each expert comes back about 30,000x too large.
@@ -43,11 +44,9 @@ NVFP4_EXPERTS = (
     "transformers' DecompressExperts drops the NVFP4 experts' weight_global_scale (experts reload "
     "about 30,000x too large)"
 )
+# Strict: the day one reloads, it fails here and its known limit in README goes.
 KNOWN_RELOAD_FAILURES = {
-    (
-        "tiny-qwen3-omni-moe",
-        "fp8-block",
-    ): "transformers' DecompressExperts cannot re-fuse block-scaled FP8 experts",
+    ("tiny-qwen3-omni-moe", "fp8-block"): FP8_BLOCK_EXPERTS,
     ("tiny-qwen3-omni-moe", "nvfp4-a16"): NVFP4_EXPERTS,
     ("tiny-qwen3-omni-moe", "nvfp4"): NVFP4_EXPERTS,
 }
@@ -59,6 +58,8 @@ MATRIX = [
     for r in NEW_RECIPES
 ]
 MATRIX_IDS = [f"{m}-{r}" for m in ZOO for r in NEW_RECIPES]
+
+QWEN3 = next(a for a in builtin_adapters() if a.name == "qwen3")
 
 # test_quantize's fixtures: media, the feature cache, quantize once per (model, recipe), bf16 logits.
 media = test_quantize.media
@@ -87,14 +88,15 @@ def test_new_recipes_are_the_library_presets(name):
     scheme = NEW_RECIPES[name][0]
     recipe = get_recipe(name)
     targets = ["re:.*language_model.*"]
-    (modifier,) = build_modifiers(recipe, targets=targets, ignore=["lm_head"])
-    library = preset_name_to_scheme(scheme, targets)
+    awq = [m.as_library_mapping() for m in QWEN3.awq_mappings]
+    *_, modifier = build_modifiers(recipe, targets=targets, ignore=["lm_head"], awq_mappings=awq)
+    library = preset_name_to_scheme(preset_name(recipe), targets)  # W4A16 with zero points: W4A16_ASYM
     if scheme in PINNED_FORMATS:  # the preset itself, with the format vLLM loads pinned on it
         (group,) = modifier.config_groups.values()
         assert group.format == PINNED_FORMATS[scheme] == NEW_RECIPES[name][2]
         assert group.model_dump(exclude={"format"}) == library.model_dump(exclude={"format"})
     else:
-        assert modifier.scheme == scheme
+        assert modifier.scheme == preset_name(recipe)
     preset = library.model_dump(mode="json", exclude_none=True)
     resolved = resolved_scheme(recipe)
     assert resolved["preset"] == scheme and resolved["format"] == NEW_RECIPES[name][2]
@@ -116,7 +118,88 @@ def test_fp8_block_has_128x128_weight_blocks_and_nvfp4_a16_leaves_activations_al
     assert "input_activations" not in fp4
 
 
+def test_awq_recipe_smooths_with_the_adapters_mappings_then_rounds_to_nearest():
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    from llmcompressor.modifiers.transform.awq import AWQMapping, AWQModifier
+
+    recipe = get_recipe("w4a16-awq")
+    assert (recipe.scheme, recipe.method, recipe.needs_data) == ("W4A16", "awq", True)
+    mappings = [m.as_library_mapping() for m in QWEN3.awq_mappings]
+    awq, quantizer = build_modifiers(recipe, targets=["Linear"], ignore=["lm_head"], awq_mappings=mappings)
+    assert isinstance(awq, AWQModifier) and type(quantizer) is QuantizationModifier
+    assert awq.mappings == mappings and all(isinstance(m, AWQMapping) for m in awq.mappings)
+    assert quantizer.scheme == "W4A16_ASYM"  # llmcompressor's AWQ preset: zero points per group
+    # The library's defaults, and quantkit.json says which.
+    library = AWQModifier()
+    assert resolved_scheme(recipe)["awq"] == {"duo_scaling": library.duo_scaling, "n_grid": library.n_grid}
+    assert "gptq" not in resolved_scheme(recipe)
+    with pytest.raises(ValueError, match="awq_mappings"):
+        build_modifiers(recipe, targets=["Linear"], ignore=[])
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_awq_mappings_resolve_per_decoder_layer_inside_the_language_model(zoo_model, name):
+    """What AWQ does with them (compressed-tensors' match_modules_set, one smooth layer per set),
+    on the real module tree with the experts unfused as quantize does: one set per decoder layer,
+    except v_proj -> o_proj, and every layer reading a smoothed output balanced (the MoE router
+    first)."""
+    from compressed_tensors.utils import match_modules_set
+    from test_adapters import meta_model
+    from torch.utils._pytree import tree_leaves
+
+    from quantkit.models.targets import check_awq_mappings
+
+    model_dir = zoo_model(name)
+    adapter = adapter_for(model_dir)
+    model = meta_model(model_dir, adapter)
+    check_awq_mappings(model, adapter)
+    names = {module: n for n, module in model.named_modules()}
+    for mapping in adapter.awq_mappings:
+        groups = list(match_modules_set(model, (mapping.smooth, *mapping.balance)))
+        assert len(groups) == 4 * (4 if "experts" in mapping.smooth else 1), mapping  # per layer (expert)
+        for smooth, *balance in groups:
+            assert len(smooth) == 1
+            balanced = [names[m] for m in tree_leaves(balance)]
+            if mapping.smooth.endswith("post_attention_layernorm$"):
+                moe = any(".experts." in b for b in balanced)
+                assert len(balanced) == (1 + 4 * 2 if moe else 2), balanced  # router + gate/up x 4
+                assert not moe or balanced[0].endswith(".mlp.gate")
+
+
+def test_an_awq_recipe_needs_an_adapter_with_awq_mappings(zoo_model):
+    from test_adapters import meta_model
+
+    from quantkit.errors import InputError
+    from quantkit.models import Adapter
+    from quantkit.models.targets import check_awq_mappings
+
+    model_dir = zoo_model("tiny-qwen3")
+    bare = Adapter.model_validate(adapter_for(model_dir).model_dump() | {"awq_mappings": []})
+    with pytest.raises(InputError, match="no awq_mappings"):
+        check_awq_mappings(meta_model(model_dir, bare), bare)
+
+
 # ------------------------------------------------------------------------------ the matrix
+
+
+def awq_smoothed(source, output, prefix: str) -> list[str]:
+    """The 16-bit tensors (norms, routers) the checkpoint holds with other values than the
+    original's: the layers AWQ scaled (names without the serving prefix)."""
+    from safetensors import safe_open
+
+    def tensors(folder, strip=""):
+        found = {}
+        for path in sorted(folder.glob("*.safetensors")):
+            with safe_open(str(path), "pt") as handle:
+                for key in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    if key.endswith("norm.weight") or key.endswith(".mlp.gate.weight"):
+                        found[key.removeprefix(strip)] = handle.get_tensor(key)
+        return found
+
+    before, after = tensors(source), tensors(output, prefix)
+    return sorted(
+        k for k, v in after.items() if k in before and not torch.equal(v.float(), before[k].float())
+    )
 
 
 @pytest.mark.slow
@@ -129,14 +212,23 @@ def test_new_recipe_on_every_zoo_model(quantized, reference, zoo_model, media, n
 
     config = json.loads((output / "config.json").read_text())
     assert config["quantization_config"]["format"] == fmt == result.checkpoint_format
-    assert shipped_schemes(config["quantization_config"]) == [scheme]
-    if needs_data:  # GPTQ (w4a8-fp8), or the activations' global scales (nvfp4)
+    # One preset; W4A16 with zero points is W4A16_ASYM, with MoE experts at the symmetric W4A16.
+    shipped = shipped_schemes(config["quantization_config"])
+    assert shipped and set(shipped) <= {scheme, preset_name(get_recipe(recipe_name))}
+    if needs_data:  # GPTQ (w4a8-fp8), the activations' global scales (nvfp4), AWQ's statistics
         assert result.samples_used == len(test_quantize.calibration_samples(name, media)[0]) > 0
     else:
         assert result.samples_used == 0 and result.pipeline == "datafree"
     if scheme == "NVFP4":  # calibrated per-tensor global scales for weights and activations
         keys = {key.rsplit(".", 1)[1] for key in test_quantize.saved_tensor_dtypes(output)}
         assert {"weight_global_scale", "input_global_scale"} <= keys
+
+    if get_recipe(recipe_name).method == "awq":  # AWQ smoothed the language model, and only it
+        smoothed = awq_smoothed(zoo_model(name), output, adapter.serving.prefix if adapter.serving else "")
+        assert any(n.endswith("post_attention_layernorm.weight") for n in smoothed), smoothed
+        assert all(".layers." in n and adapter.group_of(n) not in ("vision", "audio") for n in smoothed)
+        if ".experts." in " ".join(result.quantized_modules):  # the MoE router, balanced, stays 16-bit
+            assert any(n.endswith(".mlp.gate.weight") for n in smoothed), smoothed
 
     # The audit: files, layout and scales, and only the language model quantized.
     audit = audit_checkpoint(output)
@@ -180,6 +272,7 @@ SCHEME_CLASSES = {
     "NVFP4A16": ((8, 0), "CompressedTensorsW4A4Fp4(use_a16=True)"),
     "NVFP4": ((10, 0), "CompressedTensorsW4A4Fp4"),
     "W4AFP8": ((9, 0), "CompressedTensorsW4A8Fp8"),
+    "W4A16": ((8, 0), "CompressedTensorsWNA16"),
 }
 VLLM_MATCHER = r"""
 import json, sys

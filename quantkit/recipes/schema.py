@@ -37,6 +37,9 @@ FOUR_BIT_SCHEMES = {"W4A16", "NVFP4A16", "NVFP4", "W4AFP8"}
 # Schemes whose weights are quantized in groups along the input features (group_size applies).
 GROUP_SCHEMES = {"W4A16"}
 
+# Schemes AWQ (method: awq) takes: its grid search scales weight channels for an int4 grid.
+AWQ_SCHEMES = {"W4A16"}
+
 # llmcompressor 0.14 GPTQModifier defaults (tests compare them with the library).
 GPTQ_DEFAULT_ACTORDER = "static"
 GPTQ_DEFAULT_DAMPENING_FRAC = 0.01
@@ -99,9 +102,11 @@ class Recipe(BaseModel):
     description: str = ""
     hardware: str = Field(description="where the checkpoint is meant to run fast")
     scheme: Scheme
-    method: Literal["gptq", "rtn"] = Field(
+    method: Literal["gptq", "rtn", "awq"] = Field(
         description="gptq: GPTQ weight rounding from calibration data; rtn: round-to-nearest "
-        "(llmcompressor QuantizationModifier; static activation scales still come from data)"
+        "(llmcompressor QuantizationModifier; static activation scales still come from data); "
+        "awq: AWQ (llmcompressor AWQModifier with the adapter's awq_mappings) scales weight "
+        "channels by their activations on the calibration data, then round-to-nearest (W4A16)"
     )
     smoothquant_strength: float | None = Field(default=None, gt=0.0, le=1.0)
     actorder: ActOrder | None = Field(
@@ -148,6 +153,11 @@ class Recipe(BaseModel):
             raise ValueError(
                 f"smoothquant_strength: SmoothQuant only helps schemes that quantize activations, not {self.scheme}"
             )
+        if self.method == "awq" and self.scheme not in AWQ_SCHEMES:
+            raise ValueError(
+                f"method: awq takes the weight-only int4 scheme ({', '.join(sorted(AWQ_SCHEMES))}), "
+                f"not {self.scheme}"
+            )
         if self.method != "gptq":
             stray = {"actorder", "dampening_frac", "token_weights"} & self.model_fields_set
             if stray:
@@ -165,7 +175,7 @@ class Recipe(BaseModel):
     def needs_data(self) -> bool:
         """Whether calibration samples are required (data-free recipes ignore them)."""
         return (
-            self.method == "gptq"
+            self.method in ("gptq", "awq")
             or self.smoothquant_strength is not None
             or self.scheme in STATIC_ACTIVATION_SCHEMES
             or self.kv_cache_fp8
