@@ -462,9 +462,14 @@ print("ANSWER" + json.dumps(answer))
 
 def vllm_schemes(python: Path, checkpoint: Path, names: list[str]) -> dict:
     """Per vLLM layer name: [weight bits, symmetric] as vLLM's own matcher resolves the config groups."""
+    return vllm_answer(python, VLLM_SCHEMES, str(checkpoint / "config.json"), json.dumps(names))
+
+
+def vllm_answer(python: Path, script: str, *args: str):
+    """Run ``script`` in the vLLM environment (not this checkout's PYTHONPATH); its ANSWER line, parsed."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     run = subprocess.run(
-        [str(python), "-P", "-c", VLLM_SCHEMES, str(checkpoint / "config.json"), json.dumps(names)],
+        [str(python), "-P", "-c", script, *args],
         capture_output=True,
         text=True,
         env=env,

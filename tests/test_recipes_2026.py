@@ -1,5 +1,5 @@
-"""The 2026 recipes (issue 21): block-wise FP8, NVFP4 (weight-only and W4A4) and W4AFP8, on
-every zoo model; and the Blackwell and Hopper targets that use them.
+"""The 2026 recipes (issue 21): block-wise FP8, NVFP4 (weight-only and W4A4), W4AFP8 and AWQ
+W4A16, on every zoo model; and the Blackwell and Hopper targets that use them.
 
 Real libraries (llmcompressor, compressed-tensors, transformers, vLLM where it has a kernel), the
 tiny zoo models and real media; the fixtures and helpers are test_quantize's.
@@ -12,12 +12,14 @@ import json
 import pytest
 import test_quantize
 import torch
+from test_mixed_precision import vllm_answer
 from test_verify import served_or_skip
 
 from quantkit.export.card import SERVING
-from quantkit.models import adapter_for
+from quantkit.models import adapter_for, builtin_adapters
 from quantkit.recipes import SCHEME_FORMATS, get_recipe, list_recipes
-from quantkit.recipes.modifiers import build_modifiers, resolved_scheme
+from quantkit.recipes.modifiers import build_modifiers, preset_name, resolved_scheme
+from quantkit.recipes.schema import PINNED_FORMATS
 from quantkit.verify import audit_checkpoint
 from quantkit.verify.vllm_check import shipped_schemes, vllm_python
 from quantkit.zoo.models import ZOO
@@ -30,12 +32,23 @@ NEW_RECIPES = {
     "nvfp4-a16": ("NVFP4A16", False, "nvfp4-pack-quantized"),
     "w4a8-fp8": ("W4AFP8", True, "pack-quantized"),
     "nvfp4": ("NVFP4", True, "nvfp4-pack-quantized"),
+    "w4a16-awq": ("W4A16", True, "pack-quantized"),
 }
 # transformers 5.17 cannot reload block-scaled FP8 into fused MoE experts: its DecompressExperts
 # stacks the per-expert weight_scale blocks against the fused weight's rows (size mismatch 256 vs 2).
-# Strict: the day it reloads, this fails and the known limit in README goes.
+FP8_BLOCK_EXPERTS = "transformers' DecompressExperts cannot re-fuse block-scaled FP8 experts"
+# transformers 5.17 reloads NVFP4 experts without their per-tensor global scale: DecompressExperts
+# hands compressed-tensors only weight_packed and weight_scale (the load report lists every
+# expert's weight_global_scale as unexpected), so each expert comes back about 30,000x too large.
+NVFP4_EXPERTS = (
+    "transformers' DecompressExperts drops the NVFP4 experts' weight_global_scale (experts reload "
+    "about 30,000x too large)"
+)
+# Strict: the day one reloads, it fails here and its known limit in README goes.
 KNOWN_RELOAD_FAILURES = {
-    ("tiny-qwen3-omni-moe", "fp8-block"): "transformers' DecompressExperts cannot re-fuse block-scaled FP8 experts"
+    ("tiny-qwen3-omni-moe", "fp8-block"): FP8_BLOCK_EXPERTS,
+    ("tiny-qwen3-omni-moe", "nvfp4-a16"): NVFP4_EXPERTS,
+    ("tiny-qwen3-omni-moe", "nvfp4"): NVFP4_EXPERTS,
 }
 MATRIX = [
     pytest.param(m, r, marks=pytest.mark.xfail(strict=True, reason=KNOWN_RELOAD_FAILURES[m, r]))
@@ -45,6 +58,8 @@ MATRIX = [
     for r in NEW_RECIPES
 ]
 MATRIX_IDS = [f"{m}-{r}" for m in ZOO for r in NEW_RECIPES]
+
+QWEN3 = next(a for a in builtin_adapters() if a.name == "qwen3")
 
 # test_quantize's fixtures: media, the feature cache, quantize once per (model, recipe), bf16 logits.
 media = test_quantize.media
@@ -72,9 +87,17 @@ def test_new_recipes_are_the_library_presets(name):
 
     scheme = NEW_RECIPES[name][0]
     recipe = get_recipe(name)
-    (modifier,) = build_modifiers(recipe, targets=["re:.*language_model.*"], ignore=["lm_head"])
-    assert modifier.scheme == scheme
-    preset = preset_name_to_scheme(scheme, ["Linear"]).model_dump(mode="json", exclude_none=True)
+    targets = ["re:.*language_model.*"]
+    awq = [m.as_library_mapping() for m in QWEN3.awq_mappings]
+    *_, modifier = build_modifiers(recipe, targets=targets, ignore=["lm_head"], awq_mappings=awq)
+    library = preset_name_to_scheme(preset_name(recipe), targets)  # W4A16 with zero points: W4A16_ASYM
+    if scheme in PINNED_FORMATS:  # the preset itself, with the format vLLM loads pinned on it
+        (group,) = modifier.config_groups.values()
+        assert group.format == PINNED_FORMATS[scheme] == NEW_RECIPES[name][2]
+        assert group.model_dump(exclude={"format"}) == library.model_dump(exclude={"format"})
+    else:
+        assert modifier.scheme == preset_name(recipe)
+    preset = library.model_dump(mode="json", exclude_none=True)
     resolved = resolved_scheme(recipe)
     assert resolved["preset"] == scheme and resolved["format"] == NEW_RECIPES[name][2]
     assert resolved["weights"] == preset["weights"]
@@ -95,7 +118,88 @@ def test_fp8_block_has_128x128_weight_blocks_and_nvfp4_a16_leaves_activations_al
     assert "input_activations" not in fp4
 
 
+def test_awq_recipe_smooths_with_the_adapters_mappings_then_rounds_to_nearest():
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    from llmcompressor.modifiers.transform.awq import AWQMapping, AWQModifier
+
+    recipe = get_recipe("w4a16-awq")
+    assert (recipe.scheme, recipe.method, recipe.needs_data) == ("W4A16", "awq", True)
+    mappings = [m.as_library_mapping() for m in QWEN3.awq_mappings]
+    awq, quantizer = build_modifiers(recipe, targets=["Linear"], ignore=["lm_head"], awq_mappings=mappings)
+    assert isinstance(awq, AWQModifier) and type(quantizer) is QuantizationModifier
+    assert awq.mappings == mappings and all(isinstance(m, AWQMapping) for m in awq.mappings)
+    assert quantizer.scheme == "W4A16_ASYM"  # llmcompressor's AWQ preset: zero points per group
+    # The library's defaults, and quantkit.json says which.
+    library = AWQModifier()
+    assert resolved_scheme(recipe)["awq"] == {"duo_scaling": library.duo_scaling, "n_grid": library.n_grid}
+    assert "gptq" not in resolved_scheme(recipe)
+    with pytest.raises(ValueError, match="awq_mappings"):
+        build_modifiers(recipe, targets=["Linear"], ignore=[])
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_awq_mappings_resolve_per_decoder_layer_inside_the_language_model(zoo_model, name):
+    """What AWQ does with them (compressed-tensors' match_modules_set, one smooth layer per set),
+    on the real module tree with the experts unfused as quantize does: one set per decoder layer,
+    except v_proj -> o_proj, and every layer reading a smoothed output balanced (the MoE router
+    first)."""
+    from compressed_tensors.utils import match_modules_set
+    from test_adapters import meta_model
+    from torch.utils._pytree import tree_leaves
+
+    from quantkit.models.targets import check_awq_mappings
+
+    model_dir = zoo_model(name)
+    adapter = adapter_for(model_dir)
+    model = meta_model(model_dir, adapter)
+    check_awq_mappings(model, adapter)
+    names = {module: n for n, module in model.named_modules()}
+    for mapping in adapter.awq_mappings:
+        groups = list(match_modules_set(model, (mapping.smooth, *mapping.balance)))
+        assert len(groups) == 4 * (4 if "experts" in mapping.smooth else 1), mapping  # per layer (expert)
+        for smooth, *balance in groups:
+            assert len(smooth) == 1
+            balanced = [names[m] for m in tree_leaves(balance)]
+            if mapping.smooth.endswith("post_attention_layernorm$"):
+                moe = any(".experts." in b for b in balanced)
+                assert len(balanced) == (1 + 4 * 2 if moe else 2), balanced  # router + gate/up x 4
+                assert not moe or balanced[0].endswith(".mlp.gate")
+
+
+def test_an_awq_recipe_needs_an_adapter_with_awq_mappings(zoo_model):
+    from test_adapters import meta_model
+
+    from quantkit.errors import InputError
+    from quantkit.models import Adapter
+    from quantkit.models.targets import check_awq_mappings
+
+    model_dir = zoo_model("tiny-qwen3")
+    bare = Adapter.model_validate(adapter_for(model_dir).model_dump() | {"awq_mappings": []})
+    with pytest.raises(InputError, match="no awq_mappings"):
+        check_awq_mappings(meta_model(model_dir, bare), bare)
+
+
 # ------------------------------------------------------------------------------ the matrix
+
+
+def awq_smoothed(source, output, prefix: str) -> list[str]:
+    """The 16-bit tensors (norms, routers) the checkpoint holds with other values than the
+    original's: the layers AWQ scaled (names without the serving prefix)."""
+    from safetensors import safe_open
+
+    def tensors(folder, strip=""):
+        found = {}
+        for path in sorted(folder.glob("*.safetensors")):
+            with safe_open(str(path), "pt") as handle:
+                for key in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    if key.endswith("norm.weight") or key.endswith(".mlp.gate.weight"):
+                        found[key.removeprefix(strip)] = handle.get_tensor(key)
+        return found
+
+    before, after = tensors(source), tensors(output, prefix)
+    return sorted(
+        k for k, v in after.items() if k in before and not torch.equal(v.float(), before[k].float())
+    )
 
 
 @pytest.mark.slow
@@ -108,14 +212,23 @@ def test_new_recipe_on_every_zoo_model(quantized, reference, zoo_model, media, n
 
     config = json.loads((output / "config.json").read_text())
     assert config["quantization_config"]["format"] == fmt == result.checkpoint_format
-    assert shipped_schemes(config["quantization_config"]) == [scheme]
-    if needs_data:  # GPTQ (w4a8-fp8), or the activations' global scales (nvfp4)
+    # One preset; W4A16 with zero points is W4A16_ASYM, with MoE experts at the symmetric W4A16.
+    shipped = shipped_schemes(config["quantization_config"])
+    assert shipped and set(shipped) <= {scheme, preset_name(get_recipe(recipe_name))}
+    if needs_data:  # GPTQ (w4a8-fp8), the activations' global scales (nvfp4), AWQ's statistics
         assert result.samples_used == len(test_quantize.calibration_samples(name, media)[0]) > 0
     else:
         assert result.samples_used == 0 and result.pipeline == "datafree"
     if scheme == "NVFP4":  # calibrated per-tensor global scales for weights and activations
         keys = {key.rsplit(".", 1)[1] for key in test_quantize.saved_tensor_dtypes(output)}
         assert {"weight_global_scale", "input_global_scale"} <= keys
+
+    if get_recipe(recipe_name).method == "awq":  # AWQ smoothed the language model, and only it
+        smoothed = awq_smoothed(zoo_model(name), output, adapter.serving.prefix if adapter.serving else "")
+        assert any(n.endswith("post_attention_layernorm.weight") for n in smoothed), smoothed
+        assert all(".layers." in n and adapter.group_of(n) not in ("vision", "audio") for n in smoothed)
+        if ".experts." in " ".join(result.quantized_modules):  # the MoE router, balanced, stays 16-bit
+            assert any(n.endswith(".mlp.gate.weight") for n in smoothed), smoothed
 
     # The audit: files, layout and scales, and only the language model quantized.
     audit = audit_checkpoint(output)
@@ -125,12 +238,18 @@ def test_new_recipe_on_every_zoo_model(quantized, reference, zoo_model, media, n
     assert result.counts["language_model"]["quantized"] == len(result.quantized_modules)
     assert not any(row["quantized"] for group, row in result.counts.items() if group != "language_model")
 
-    # transformers reloads it (compressed-tensors decompresses) and runs every modality it takes.
+    # transformers reloads it (compressed-tensors decompresses) and runs every modality it takes,
+    # with logits nearer the original's than no logits at all (relative MSE below 1): a layer
+    # decompressed with a wrong scale fails this, a 4-bit or FP8 rounding error does not.
     model = adapter.load_model(output, dtype=torch.bfloat16)
+    errors = {}
     for kind, (inputs, ref_logits) in reference(name).items():
         with torch.no_grad():
             logits = model(**inputs).logits.float()
         assert logits.shape == ref_logits.shape and torch.isfinite(logits).all(), kind
+        errors[kind] = round(test_quantize.relative_mse(logits, ref_logits), 5)
+    print(f"\n{name} {recipe_name}: relative logit MSE after reload {errors}")
+    assert max(errors.values()) < 1, errors
     assert scheme in SERVING and SERVING[scheme] in (output / "README.md").read_text()
 
 
@@ -143,6 +262,80 @@ def test_vllm_serves_the_new_recipe_or_names_the_missing_kernel(quantized, recip
     from quantkit.verify.vllm_check import check_with_vllm
 
     served_or_skip(check_with_vllm(quantized("tiny-qwen3-vl", recipe_name).output))
+
+
+# vLLM's config matcher on each checkpoint, as on the GPU the recipe is for: the compressed-tensors
+# scheme class vLLM builds for a layer, and the compute capability (major, minor) it is asked on
+# (the matcher gates W4AFP8 on exactly SM90; the CPU backend has no capability).
+SCHEME_CLASSES = {
+    "FP8_BLOCK": ((9, 0), "CompressedTensorsW8A8Fp8"),
+    "NVFP4A16": ((8, 0), "CompressedTensorsW4A4Fp4(use_a16=True)"),
+    "NVFP4": ((10, 0), "CompressedTensorsW4A4Fp4"),
+    "W4AFP8": ((9, 0), "CompressedTensorsW4A8Fp8"),
+    "W4A16": ((8, 0), "CompressedTensorsWNA16"),
+}
+VLLM_MATCHER = r"""
+import json, sys
+import torch
+from vllm.model_executor.layers.quantization.compressed_tensors import compressed_tensors as ct
+from vllm.model_executor.layers.quantization.compressed_tensors.schemes import CompressedTensorsScheme
+from vllm.platforms.interface import DeviceCapability
+capability = [0, 0]  # set per checkpoint below
+type(ct.current_platform).get_device_capability = classmethod(lambda cls, device_id=0: DeviceCapability(*capability))
+
+# The matcher's choice, not the kernels: each scheme class records its arguments instead of
+# building (building reads a running engine's config). The capability check stays the class's own.
+def recorder(cls):
+    class Picked:
+        def __init__(self, *args, **kwargs):
+            self.label = cls.__name__ + ("(use_a16=True)" if kwargs.get("use_a16") else "")
+
+        get_min_capability = cls.get_min_capability
+    return Picked
+
+for attr, value in list(vars(ct).items()):
+    if isinstance(value, type) and issubclass(value, CompressedTensorsScheme):
+        setattr(ct, attr, recorder(value))
+answers = []
+for job in json.loads(sys.argv[1]):
+    capability[:] = job["capability"]
+    quant = ct.CompressedTensorsConfig.from_config(json.load(open(job["config"]))["quantization_config"])
+    found = {}
+    for name in job["names"]:
+        scheme = quant.get_scheme(torch.nn.Linear(1, 1), layer_name=name)
+        found[name] = None if scheme is None else scheme.label
+    answers.append(found)
+print("ANSWER" + json.dumps(answers))
+"""
+
+
+def vllm_scheme_classes(python, jobs: list[tuple]) -> list[dict]:
+    """Per (checkpoint, capability, layer names): each name's scheme class as vLLM's
+    CompressedTensorsConfig picks it (None: unquantized). One vLLM import for all."""
+    request = [{"config": str(c / "config.json"), "capability": list(cap), "names": n} for c, cap, n in jobs]
+    return vllm_answer(python, VLLM_MATCHER, json.dumps(request))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(vllm_python() is None, reason="no vLLM environment (make vllm-env)")
+@pytest.mark.parametrize("recipe_name", list(NEW_RECIPES))
+def test_vllm_matcher_resolves_each_layer_to_the_scheme_class(quantized, zoo_model, recipe_name):
+    """On every zoo model: every quantized language-model layer to the recipe's scheme class,
+    every kept Linear (towers, head: the names the checkpoint's ignore list holds) to none."""
+    capability, expected = SCHEME_CLASSES[NEW_RECIPES[recipe_name][0]]
+    jobs, checks = [], []
+    for name in ZOO:
+        result = quantized(name, recipe_name)
+        adapter = adapter_for(zoo_model(name))
+        prefix = adapter.serving.prefix if adapter.serving else ""
+        config = json.loads((result.output / "config.json").read_text())
+        kept = [entry for entry in config["quantization_config"]["ignore"] if not entry.startswith("re:")]
+        layers = [prefix + module for module in result.quantized_modules]
+        jobs.append((result.output, capability, layers + kept))
+        checks.append((name, layers, kept))
+    for (name, layers, kept), found in zip(checks, vllm_scheme_classes(vllm_python(), jobs), strict=True):
+        assert {found[n] for n in layers} == {expected}, name
+        assert kept and all(found[n] is None for n in kept), name
 
 
 # ------------------------------------------------------------------------------ targets

@@ -1,7 +1,7 @@
 """Model adapters: what quantkit needs to know about an architecture, as data.
 
 An adapter says how to load a checkpoint, where its language model lives, what stays in full
-precision, which SmoothQuant mappings balance which norms, and which llmcompressor pipeline
+precision, which SmoothQuant and AWQ mappings balance which norms, and which llmcompressor pipeline
 calibrates it correctly. The built-in adapters are YAML files in ``recipes/adapters/``; a user
 adapter with the same fields (``--adapter FILE``) covers a custom architecture.
 """
@@ -116,6 +116,19 @@ class SmoothQuantMapping(BaseModel):
         return [list(self.balance), self.smooth]
 
 
+class AwqMapping(SmoothQuantMapping):
+    """One AWQ smoothing step: the module whose output AWQ scales down (``smooth``: a norm, or a
+    Linear such as ``up_proj``) and every module that reads that output (``balance``), whose
+    weights it scales up to match. Every reader must be listed (a MoE router too, first, so that
+    the activations AWQ measures are every token's, not one expert's), or the model's function
+    changes. Anchored to the language model like SmoothQuant mappings."""
+
+    def as_library_mapping(self):
+        from llmcompressor.modifiers.transform.awq import AWQMapping
+
+        return AWQMapping(smooth_layer=self.smooth, balance_layers=list(self.balance))
+
+
 class KnownFailure(BaseModel):
     """A recipe scheme whose checkpoint a serving library cannot load for this architecture."""
 
@@ -171,6 +184,9 @@ class Adapter(BaseModel):
     keep: list[KeepRule] = Field(default_factory=list)
     pipeline: Literal["sequential", "basic"]
     smoothquant_mappings: list[SmoothQuantMapping] = Field(default_factory=list)
+    awq_mappings: list[AwqMapping] = Field(
+        default_factory=list, description="AWQ's smoothing steps (recipes with method: awq)"
+    )
     known_failures: list[KnownFailure] = Field(default_factory=list)
     serving: ServingLayout | None = None
 

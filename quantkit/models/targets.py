@@ -210,19 +210,33 @@ def check_quantized_modules(model: torch.nn.Module, adapter: Adapter) -> Quantiz
 
 def check_smoothquant_mappings(model: torch.nn.Module, adapter: Adapter) -> None:
     """Every module a SmoothQuant mapping names must lie in the language model (anchoring)."""
+    check_mappings(model, adapter, adapter.smoothquant_mappings, what="SmoothQuant")
+
+
+def check_awq_mappings(model: torch.nn.Module, adapter: Adapter) -> None:
+    """The adapter has AWQ mappings, and each names modules of the language model only."""
+    if not adapter.awq_mappings:
+        raise InputError(
+            f"adapter {adapter.name!r} has no awq_mappings, which a method: awq recipe needs",
+            hint="add awq_mappings to the adapter (see recipes/adapters/README.md) or use the w4a16 recipe",
+        )
+    check_mappings(model, adapter, adapter.awq_mappings, what="AWQ")
+
+
+def check_mappings(model: torch.nn.Module, adapter: Adapter, mappings, *, what: str) -> None:
     root = language_model_root(list(decoder_layers(model, adapter)))
-    for mapping in adapter.smoothquant_mappings:
+    for mapping in mappings:
         for pattern in (*mapping.balance, mapping.smooth):
             hits = [name for name, _ in model.named_modules() if matches(name, pattern)]
             if not hits:
                 raise InputError(
-                    f"adapter {adapter.name!r}: SmoothQuant pattern {pattern!r} matches no module",
+                    f"adapter {adapter.name!r}: {what} pattern {pattern!r} matches no module",
                     hint="anchor the pattern to the language model's module names",
                 )
             stray = [name for name in hits if not is_under(name, root)]
             if stray:
                 raise InputError(
-                    f"adapter {adapter.name!r}: SmoothQuant pattern {pattern!r} reaches outside the "
+                    f"adapter {adapter.name!r}: {what} pattern {pattern!r} reaches outside the "
                     f"language model: {_listing(stray)}",
                     hint="anchor it, e.g. 're:^model\\.layers\\.\\d+\\.self_attn\\.(q|k|v)_proj$'",
                 )

@@ -129,6 +129,25 @@ def _ranks_synced_after_compression() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def no_pinned_memory_without_cuda() -> Iterator[None]:
+    """On a machine without CUDA, llmcompressor's cache pinning becomes a no-op.
+
+    llmcompressor 0.14's AWQ pins each cached batch of a layer's inputs before its grid search
+    (IntermediatesCache.pin_memory, for faster host-to-GPU copies), whatever the device; torch
+    cannot pin memory without a CUDA driver ("Found no NVIDIA driver on your system"). Without a
+    GPU there is no copy to speed up, so skipping the pinning changes nothing else.
+    """
+    if torch.cuda.is_available():
+        yield
+        return
+    from compressed_tensors.utils import patch_attr
+    from llmcompressor.pipelines.cache import IntermediatesCache
+
+    with patch_attr(IntermediatesCache, "pin_memory", lambda self, *args, **kwargs: None):
+        yield
+
+
 def run_oneshot(
     model: torch.nn.Module,
     processor,
@@ -144,7 +163,7 @@ def run_oneshot(
     module path), ``loader`` holds that module's captured inputs and only it is calibrated."""
     from llmcompressor import oneshot
 
-    with _calibrating_decoder(decoder), _ranks_synced_after_compression():
+    with _calibrating_decoder(decoder), _ranks_synced_after_compression(), no_pinned_memory_without_cuda():
         oneshot(
             model=model,
             processor=processor,

@@ -44,6 +44,7 @@ from quantkit.models.inputs import Sample
 from quantkit.models.loading import saved_dtype, set_saved_dtype, unfuse_experts, unfuse_experts_on_meta
 from quantkit.models.targets import (
     TargetPlan,
+    check_awq_mappings,
     check_group_divisibility,
     check_quantized_modules,
     check_smoothquant_mappings,
@@ -357,6 +358,9 @@ def _modifiers(
         targets=targets.targets,
         ignore=targets.ignore,
         smoothquant_mappings=mappings,
+        awq_mappings=[m.as_library_mapping() for m in adapter.awq_mappings]
+        if recipe.method == "awq"
+        else None,
         config_groups=config_groups,
     )
 
@@ -687,6 +691,8 @@ def quantize(
         precision = plan_for(sensitivity=table)
         if recipe.smoothquant_strength is not None:
             check_smoothquant_mappings(model, adapter)
+        if recipe.method == "awq":
+            check_awq_mappings(model, adapter)
         memory = memory_plan(
             model,
             adapter,

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from quantkit.recipes.schema import Recipe
+from quantkit.recipes.schema import PINNED_FORMATS, Recipe
+
+# llmcompressor 0.14 AWQModifier defaults: scales from activations and weights (duo scaling),
+# 20 grid points per smoothing step.
+AWQ_DUO_SCALING = True
+AWQ_N_GRID = 20
 
 
 def kv_cache_fp8_args():
@@ -36,15 +41,26 @@ def weight_args(recipe: Recipe, group_size: int | None = None):
     return args
 
 
+def pinned_preset(recipe: Recipe, targets: list[str]):
+    """The recipe's preset on ``targets`` with the checkpoint format pinned (PINNED_FORMATS):
+    the library's own scheme, only its ``format`` set."""
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    scheme = preset_name_to_scheme(preset_name(recipe), list(targets))
+    scheme.format = PINNED_FORMATS[recipe.scheme]
+    return scheme
+
+
 def build_modifiers(
     recipe: Recipe,
     *,
     targets: list[str],
     ignore: list[str],
     smoothquant_mappings: list[list] | None = None,
+    awq_mappings: list | None = None,
     config_groups: dict | None = None,
 ) -> list:
-    """The modifier list for ``oneshot``: SmoothQuant (if any) first, then the quantizer.
+    """The modifier list for ``oneshot``: SmoothQuant or AWQ (if any) first, then the quantizer.
 
     ``targets`` and ``ignore`` are module patterns (exact names or ``re:``) computed from the
     model's language model; nothing here falls back to the library's "every Linear" default.
@@ -65,7 +81,18 @@ def build_modifiers(
         modifiers.append(
             SmoothQuantModifier(smoothing_strength=recipe.smoothquant_strength, mappings=smoothquant_mappings)
         )
+    if recipe.method == "awq":
+        from llmcompressor.modifiers.transform.awq import AWQModifier
+
+        if not awq_mappings:
+            raise ValueError("this recipe uses AWQ but the adapter has no awq_mappings")
+        # The library's defaults, stated: they are what quantkit.json records.
+        modifiers.append(
+            AWQModifier(mappings=list(awq_mappings), duo_scaling=AWQ_DUO_SCALING, n_grid=AWQ_N_GRID)
+        )
     common: dict[str, Any] = dict(targets=list(targets), ignore=list(ignore))
+    if not config_groups and recipe.scheme in PINNED_FORMATS:
+        config_groups = {"group_0": pinned_preset(recipe, targets)}
     if config_groups:
         common = dict(config_groups=dict(config_groups), ignore=list(ignore))
     else:
@@ -96,6 +123,8 @@ def resolved_scheme(recipe: Recipe, *, group_size: int | None = None) -> dict:
     result.update(scheme.model_dump(mode="json", exclude_none=True, exclude={"targets"}))
     if recipe.method == "gptq":
         result["gptq"] = {"actorder": recipe.actorder, "dampening_frac": recipe.dampening_frac}
+    if recipe.method == "awq":
+        result["awq"] = {"duo_scaling": AWQ_DUO_SCALING, "n_grid": AWQ_N_GRID}
     if recipe.smoothquant_strength is not None:
         result["smoothquant"] = {"strength": recipe.smoothquant_strength}
     if recipe.kv_cache_fp8:

@@ -21,6 +21,11 @@ SCHEME_FORMATS: dict[str, str] = {
     # int4 weights packed in int32 (group 128, symmetric), dynamic per-token FP8 activations
     "W4AFP8": "pack-quantized",
 }
+# Schemes whose format compressed-tensors would infer wrongly, pinned on the scheme itself
+# (QuantizationScheme.format, which its inference honours). compressed-tensors 0.19 writes int
+# weights with FP8 activations as int-quantized (one int8 per 4-bit value, weight_scale only):
+# vLLM's CompressedTensorsW4A8Fp8 loads weight_packed and weight_shape, the pack-quantized layout.
+PINNED_FORMATS: dict[str, str] = {"W4AFP8": "pack-quantized"}
 # Schemes whose activations are quantized with scales fixed from calibration data (NVFP4: the
 # activations' per-tensor global scale; the per-group scales stay dynamic).
 STATIC_ACTIVATION_SCHEMES = {"FP8", "NVFP4"}
@@ -31,6 +36,9 @@ FOUR_BIT_SCHEMES = {"W4A16", "NVFP4A16", "NVFP4", "W4AFP8"}
 
 # Schemes whose weights are quantized in groups along the input features (group_size applies).
 GROUP_SCHEMES = {"W4A16"}
+
+# Schemes AWQ (method: awq) takes: its grid search scales weight channels for an int4 grid.
+AWQ_SCHEMES = {"W4A16"}
 
 # llmcompressor 0.14 GPTQModifier defaults (tests compare them with the library).
 GPTQ_DEFAULT_ACTORDER = "static"
@@ -94,9 +102,11 @@ class Recipe(BaseModel):
     description: str = ""
     hardware: str = Field(description="where the checkpoint is meant to run fast")
     scheme: Scheme
-    method: Literal["gptq", "rtn"] = Field(
+    method: Literal["gptq", "rtn", "awq"] = Field(
         description="gptq: GPTQ weight rounding from calibration data; rtn: round-to-nearest "
-        "(llmcompressor QuantizationModifier; static activation scales still come from data)"
+        "(llmcompressor QuantizationModifier; static activation scales still come from data); "
+        "awq: AWQ (llmcompressor AWQModifier with the adapter's awq_mappings) scales weight "
+        "channels by their activations on the calibration data, then round-to-nearest (W4A16)"
     )
     smoothquant_strength: float | None = Field(default=None, gt=0.0, le=1.0)
     actorder: ActOrder | None = Field(
@@ -143,6 +153,11 @@ class Recipe(BaseModel):
             raise ValueError(
                 f"smoothquant_strength: SmoothQuant only helps schemes that quantize activations, not {self.scheme}"
             )
+        if self.method == "awq" and self.scheme not in AWQ_SCHEMES:
+            raise ValueError(
+                f"method: awq takes the weight-only int4 scheme ({', '.join(sorted(AWQ_SCHEMES))}), "
+                f"not {self.scheme}"
+            )
         if self.method != "gptq":
             stray = {"actorder", "dampening_frac", "token_weights"} & self.model_fields_set
             if stray:
@@ -160,7 +175,7 @@ class Recipe(BaseModel):
     def needs_data(self) -> bool:
         """Whether calibration samples are required (data-free recipes ignore them)."""
         return (
-            self.method == "gptq"
+            self.method in ("gptq", "awq")
             or self.smoothquant_strength is not None
             or self.scheme in STATIC_ACTIVATION_SCHEMES
             or self.kv_cache_fp8

@@ -168,13 +168,21 @@ def module_names_of_keys(model: torch.nn.Module, stored_modules: set[str]) -> di
 
 
 def _scheme_for(name: str, module: torch.nn.Module, qconfig) -> tuple[str, object] | None:
-    """The config group (name, scheme) that claims a module, as compressed-tensors decides it."""
-    from compressed_tensors.utils import is_match
+    """The config group (name, scheme) that claims a module, as compressed-tensors decides it:
+    of the groups whose targets match, an exact name first, then a regex, then a class name
+    (its match_targets order), whatever the groups' order in config.json."""
+    from compressed_tensors.utils import is_match, match_targets
 
+    if not is_match(
+        name, module, [t for s in qconfig.config_groups.values() for t in s.targets], qconfig.ignore or []
+    ):
+        return None
+    owner = {}
     for group_name, scheme in qconfig.config_groups.items():
-        if is_match(name, module, scheme.targets, qconfig.ignore or []):
-            return group_name, scheme
-    return None
+        for target in scheme.targets:
+            owner[target] = (group_name, scheme)  # a target in two groups: the last, as in compressed-tensors
+    matched = match_targets(name, module, list(owner))
+    return owner[matched[0]] if matched else None
 
 
 def audit_checkpoint(checkpoint: Path, *, adapter: Adapter | Path | None = None) -> AuditResult:
