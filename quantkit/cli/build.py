@@ -23,7 +23,7 @@ def targets() -> None:
     table.add_column("recipe", no_wrap=True)
     table.add_column("max loss", no_wrap=True)
     table.add_column("avg bits steps", no_wrap=True)
-    table.add_column("fallbacks")
+    table.add_column("fallbacks", min_width=12)  # recipe names whole, one a line
     chosen = load_targets().targets
     for target in chosen:
         table.add_row(
@@ -32,7 +32,7 @@ def targets() -> None:
             target.recipe,
             f"{target.max_loss}%",
             ", ".join(f"{b:g}" for b in target.avg_bits) or "-",
-            ", ".join(f.recipe for f in target.fallbacks),
+            "\n".join(f.recipe for f in target.fallbacks),
         )
     console.print(table)
     for target in chosen:  # the reasons read better as paragraphs than as a narrow column
