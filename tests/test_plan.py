@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from quantkit.calibset import CalibrateOptions, build_calibration_set
 from quantkit.cli import app
+from quantkit.errors import InputError
 from quantkit.models import adapter_for
 from quantkit.models.inputs import Sample
 from quantkit.quantize import plan, quantize
@@ -265,3 +266,24 @@ def test_the_readme_table_is_the_plans_of_the_four_real_configs():
         line = bench.readme_table([{**bench.real_row(name, memory), "plan_cpu_s": 0}]).splitlines()[-1]
         figures = line.rsplit("|", 2)[0]  # the last cell is the measured CPU time
         assert any(row.startswith(figures) for row in table), f"README's row for {name} is not {figures}"
+
+
+def test_a_fixed_block_width_that_does_not_divide_a_layer_is_refused_from_the_config(zoo_model, tmp_path):
+    """fp8-block's 128x128 blocks and w4a8-fp8's groups of 128 are not chosen per model: a layer
+    whose input width they do not divide (SmolLM2's 576) failed deep inside llmcompressor; the
+    plan refuses it first, naming the layers, and the dry run exits 2 with nothing written."""
+    bare = config_only(zoo_model, "tiny-qwen3", tmp_path)
+    config = json.loads((bare / "config.json").read_text())
+    config["intermediate_size"] = 576  # down_proj's input width: 576 = 4.5 x 128, 36 x 16
+    (bare / "config.json").write_text(json.dumps(config))
+    for name in ("fp8-block", "w4a8-fp8"):
+        with pytest.raises(InputError, match=r"mlp\.down_proj \(576\)") as refused:
+            plan(bare, get_recipe(name), text_samples(2))
+        assert "w4a16" in refused.value.hint
+    plan(bare, get_recipe("nvfp4"), text_samples(2))  # groups of 16 divide 576
+    result = runner.invoke(
+        app, ["quantize", str(bare), "--recipe", "fp8-block", "--output", str(tmp_path / "o"), "--dry-run"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "128x128 blocks" in result.output and not (tmp_path / "o").exists()
+    assert not (tmp_path / "o.plan.json").exists()

@@ -226,6 +226,34 @@ def check_group_size_fits(
     logging.getLogger("quantkit").warning(f"{message} ({hint})")
 
 
+def check_fixed_widths_fit(model: torch.nn.Module, targets: TargetPlan, recipe: Recipe) -> None:
+    """Schemes whose weight groups or blocks have a width quantize does not choose per model
+    (W4AFP8's groups of 128, FP8_BLOCK's 128x128 blocks, NVFP4's groups of 16): a targeted layer
+    whose input width it does not divide fails deep inside llmcompressor's calibration (a raw
+    ``unflatten`` error on SmolLM2's 576 in-features). Refuse it first, from the config alone."""
+    if recipe.scheme in GROUP_SCHEMES:  # the group size is chosen per model (check_group_size_fits)
+        return
+    weights = resolved_scheme(recipe).get("weights") or {}
+    block = weights.get("block_structure")
+    width = block[1] if block else weights.get("group_size")
+    if not width:
+        return
+    modules = dict(model.named_modules())
+    bad = {
+        (name, modules[name].in_features)
+        for name in targets.quantize
+        if name in modules and modules[name].in_features % width
+    }
+    if bad:
+        unit = f"{block[0]}x{block[1]} blocks" if block else f"groups of {width}"
+        shown = ", ".join(f"{name} ({features})" for name, features in sorted(bad)[:5])
+        raise InputError(
+            f"recipe {recipe.name!r} quantizes weights in {unit}, and {len(bad)} language-model layer(s) "
+            f"have an input width {width} does not divide: {shown}" + (" ..." if len(bad) > 5 else ""),
+            hint="use w4a16 (its group size is chosen per model) or fp8-dynamic (one scale per output channel)",
+        )
+
+
 def checkpoint_size_estimate(
     model: torch.nn.Module,
     targets: TargetPlan,
@@ -406,6 +434,7 @@ def plan(
     unfuse_experts_on_meta(model)
     kept_targets = resolve_targets(model, adapter)
     check_group_size_fits(model, kept_targets, recipe, refuse=strict_group_size)
+    check_fixed_widths_fit(model, kept_targets, recipe)
     targets = expand_targets(kept_targets, kinds) if kinds else kept_targets
     tree = ExpandedTree(model, kinds) if kinds else model
     precision = precision_plan(
