@@ -64,6 +64,17 @@ def setup(zoo_model, demo_pool, tmp_path_factory) -> dict:
     measured = [t.chain[0] for t in report.targets]
     assert all(m.verdict == "kept" and m.losses for m in measured)
     assert set(measured[0].losses) == set(measured[1].losses)  # the same held-out samples and tasks
+    # Every task of the rows w4a16 did not calibrate on has a loss, though --drift-samples is fewer
+    # than the tasks: the drift samples are drawn one task at least each.
+    used = set(
+        json.loads((out / f"{model.name}-w4a16" / "quantkit.json").read_text())["calibration"]["sample_ids"]
+    )
+    rows = [json.loads(line) for line in (calib / "samples.jsonl").read_text().splitlines()]
+    held_out_tasks = {row["task"] for row in rows if row["id"] not in used}
+    assert len(held_out_tasks) > OPTIONS["drift_samples"]
+    assert set(measured[0].losses) == held_out_tasks
+    data = json.loads((out / "build.json").read_text())
+    assert data["complete"] and data["requested"] == ["probe-a", "probe-b"]
     worse, better = sorted(measured, key=lambda m: m.worst_loss, reverse=True)
     assert worse.worst_loss > better.worst_loss > 0, (worse.losses, better.losses)
     return {"model": model, "calib": calib, "out": out, "worse": worse, "better": better}
@@ -196,3 +207,22 @@ def test_eval_tasks_scores_count_in_the_gate(tmp_path):
     )
     assert tight.targets[0].status == ("passed" if expected <= 0 else "failed")
     assert tight.targets[0].chain[0].cached and tight.checkpoints[0].eval_scores == scores  # from build.json
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--num-samples", "40"], "no held-out sample"),  # the whole set calibrates: nothing to judge on
+        (["--drift-samples", "0"], "--drift-samples"),
+        (["--eval-items", "0"], "--eval-items"),
+    ],
+)
+def test_a_gate_with_nothing_to_measure_on_is_refused_before_any_quantize(setup, tmp_path, extra, message):
+    file = targets_file(tmp_path, target("probe", "w4a16"))
+    args = ["build", "--target", "probe", "--model", str(setup["model"]), "--calib", str(setup["calib"])]
+    args += ["--output-root", str(tmp_path / "out"), "--targets-file", str(file), *extra]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    built = list((tmp_path / "out").glob("*-w4a16")) if (tmp_path / "out").exists() else []
+    assert not built

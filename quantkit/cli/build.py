@@ -51,10 +51,15 @@ def build(
         Path | None, typer.Option(help="Calibration-set folder (for recipes that need data, and drift).")
     ] = None,
     num_samples: Annotated[
-        int | None, typer.Option(help="Stratified subsample of the set for calibration.")
+        int | None, typer.Option(min=1, help="Stratified subsample of the set for calibration.")
     ] = None,
     vllm: Annotated[bool, typer.Option("--vllm", help="Also load and run each checkpoint in vLLM.")] = False,
-    drift_samples: Annotated[int, typer.Option(help="Held-out samples for the drift check.")] = 12,
+    drift_samples: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Held-out samples for the drift check (at least one per task of the held-out rows)."
+        ),
+    ] = 12,
     max_loss: Annotated[
         float | None,
         typer.Option(
@@ -71,7 +76,7 @@ def build(
             "on each candidate as `quantkit eval --tasks skills` does; their loss counts too.",
         ),
     ] = None,
-    eval_items: Annotated[int, typer.Option(help="Held-out items per --eval-tasks task.")] = 32,
+    eval_items: Annotated[int, typer.Option(min=1, help="Held-out items per --eval-tasks task.")] = 32,
     targets_file: Annotated[
         Path | None, typer.Option(help="Your own targets file (default: recipes/targets.yaml).")
     ] = None,
@@ -170,6 +175,13 @@ def print_build_summary(report) -> None:
             str(len(t.chain)),
         )
     console.print(targets)
+    for t in report.targets:
+        if t.ok and t.chain[-1].unmeasured:
+            missing = t.chain[-1].unmeasured
+            console.print(
+                f"[yellow]{t.name}: {len(missing)} task(s) of the calibration set not measured "
+                f"(no held-out sample, or zero entropy): {', '.join(missing)}[/]"
+            )
     console.print(f"build.json in {report.output_root}")
 
 

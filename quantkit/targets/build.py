@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -70,6 +71,7 @@ class ChainStep:
     losses: dict[str, float] = field(default_factory=dict)
     why: str = ""  # why this step was tried
     detail: str = ""
+    unmeasured: list[str] = field(default_factory=list)  # held-out tasks without a loss (zero entropy)
 
 
 @dataclass
@@ -95,10 +97,16 @@ class BuildReport:
     targets: list[TargetBuild] = field(default_factory=list)
     eval_tasks: list[str] = field(default_factory=list)
     eval_original: dict[str, float] | None = None  # the original's skills scores, per task
+    requested: list[str] = field(default_factory=list)  # the targets asked for
+
+    @property
+    def complete(self) -> bool:
+        """Every requested target was built (build.json is saved while a build runs)."""
+        return {t.name for t in self.targets} >= set(self.requested)
 
     @property
     def passed(self) -> bool:
-        return all(t.ok for t in self.targets)
+        return self.complete and all(t.ok for t in self.targets)
 
     def to_dict(self) -> dict:
         return {
@@ -106,6 +114,8 @@ class BuildReport:
             "model": self.model,
             "calib": self.calib,
             "passed": self.passed,
+            "complete": self.complete,
+            "requested": self.requested,
             "quantkit_version": __version__,
             "loss": LOSS_DEFINITION,
             "eval_tasks": self.eval_tasks,
@@ -219,6 +229,11 @@ def _card_section(checkpoint: str, targets: list[TargetBuild]) -> str:
                 f"{step.worst_task or '-'} | {_fmt_loss(step.worst_loss)} | {step.verdict} | {step.why} |"
             )
         lines.append("")
+        if target.chain[-1].unmeasured:
+            lines += [
+                f"Tasks of the calibration set not measured: {', '.join(target.chain[-1].unmeasured)}.",
+                "",
+            ]
     for target in targets:
         for step in target.chain:
             if step.checkpoint == checkpoint and step.verdict != "kept":
@@ -266,10 +281,16 @@ def resolve_eval_tasks(model_dir: Path, eval_tasks: list[str] | None) -> list[st
     return [n for n in names if n in eval_tasks]
 
 
-def _judge(entry: CheckpointBuild, max_loss: float, eval_losses: dict[str, float]) -> ChainStep:
+def _judge(
+    entry: CheckpointBuild, max_loss: float, eval_losses: dict[str, float], tasks: set[str]
+) -> ChainStep:
+    """``tasks``: the calibration set's, each of which should have a drift loss (one without: a
+    task whose every row calibrated the candidate, or whose positions the original is certain of)."""
     losses = {**(entry.losses or {}), **eval_losses}
     step = ChainStep(entry.recipe, entry.avg_bits, entry.checkpoint, "kept", False, entry.size_ratio)
     step.losses = losses
+    if entry.ok and entry.losses is not None:
+        step.unmeasured = sorted(tasks - set(entry.losses))
     if losses:
         step.worst_task = max(losses, key=losses.__getitem__)
         step.worst_loss = losses[step.worst_task]
@@ -394,6 +415,8 @@ def build_checkpoints(
         on_checkpoint=on_checkpoint,
     )
     run.report.eval_tasks = eval_names
+    run.report.requested = [target.name for target in chosen]
+    run.held_out_tasks()  # no held-out sample left: bad input (exit 2) before any quantize
     for target in chosen:
         built = run.build_target(target, target.max_loss if max_loss is None else max_loss)
         run.report.targets.append(built)
@@ -425,6 +448,8 @@ class _Run:
     on_checkpoint: object = None
     report: BuildReport = None
     drawn: object = None
+    tasks: set[str] | None = None  # of the held-out rows (held_out_tasks)
+    set_tasks: set[str] = field(default_factory=set)  # of every row the model can take
     original_scores: dict[str, float] | None = None
     built: dict[str, CheckpointBuild] = field(default_factory=dict)
 
@@ -456,7 +481,8 @@ class _Run:
                 )
                 continue
             entry, cached = self.candidate(recipe_name, bits, target.name)
-            last = _judge(entry, max_loss, self.eval_losses(entry))
+            self.held_out_tasks()
+            last = _judge(entry, max_loss, self.eval_losses(entry), self.set_tasks)
             last.cached, last.why = cached, why
             result.chain.append(last)
             if last.verdict == "kept":
@@ -527,6 +553,29 @@ class _Run:
             self.drawn = drawn
         return self.drawn
 
+    def held_out_tasks(self) -> set[str]:
+        """The tasks of the rows no candidate calibrates on (of modalities the model takes): the
+        drift samples cover each of them ({} without --calib). Raises InputError when none is
+        left, before anything is quantized."""
+        if self.calib is None:
+            return set()
+        if self.tasks is None:
+            from quantkit.models.inputs import processor_capabilities
+            from quantkit.verify.drift import held_out_rows
+
+            kinds = processor_capabilities(self.adapter.load_processor(self.model_dir))
+            every = held_out_rows(self.calib, exclude_ids=set(), count=sys.maxsize, seed=0, kinds=kinds)
+            self.set_tasks = {row["task"] for row in every}
+            rows = held_out_rows(
+                self.calib,
+                exclude_ids=set(self._samples().info["sample_ids"]),
+                count=sys.maxsize,  # all of them
+                seed=0,
+                kinds=kinds,
+            )
+            self.tasks = {row["task"] for row in rows}
+        return self.tasks
+
     def _quantize_and_verify(self, entry: CheckpointBuild, recipe, checkpoint: Path, avg_bits: float | None):
         from quantkit.quantize import quantize
         from quantkit.verify import verify_checkpoint
@@ -553,9 +602,11 @@ class _Run:
                 reference=self.model_dir if self.calib is not None else None,
                 calib=self.calib,
                 vllm=self.vllm,
-                num_samples=self.drift_samples,
-                # Every candidate on the same held-out samples: those no data recipe calibrated on.
+                # Every task of the held-out rows measured (at least one sample each), every
+                # candidate on the same samples: those no data recipe calibrated on.
+                num_samples=max(self.drift_samples, len(self.held_out_tasks())),
                 exclude_ids=set(self._samples().info["sample_ids"]) if self.calib is not None else None,
+                drift_stratify_by="task",
             )
             entry.status = "passed" if verified.passed else "failed"
             entry.size_ratio = round(verified.audit.size_ratio, 4)

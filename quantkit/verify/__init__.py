@@ -81,13 +81,16 @@ def verify_checkpoint(
     write: bool = True,
     report_path: Path | None = None,
     exclude_ids: set[str] | None = None,
+    drift_stratify_by: str = "stratum",
 ) -> VerifyReport:
     """Audit ``checkpoint``; with ``reference`` and ``calib`` measure drift; with ``vllm`` run it in vLLM.
 
     Failed checks are reported in the result (and verify.json), never raised; bad input is.
     The report goes to ``report_path`` (default: verify.json in the checkpoint); when it cannot
     be written (a read-only folder) the result is kept and ``not_saved`` says why.
-    ``exclude_ids``: sample ids drift must not use (default: those the checkpoint calibrated on).
+    ``exclude_ids``: sample ids drift must not use (default: those the checkpoint calibrated on);
+    ``drift_stratify_by``: the row field whose proportions the drift samples keep (``task``: every
+    task measured while ``num_samples`` allows, as the build's accuracy gate needs).
     """
     checkpoint = Path(checkpoint)
     if not checkpoint.is_dir():
@@ -122,7 +125,13 @@ def verify_checkpoint(
                 "no drift thresholds (recipe has none, none given): drift is reported, not judged"
             )
         report.drift = measure_drift(
-            reference, checkpoint, calib, num_samples=num_samples, thresholds=limits, exclude_ids=exclude_ids
+            reference,
+            checkpoint,
+            calib,
+            num_samples=num_samples,
+            thresholds=limits,
+            exclude_ids=exclude_ids,
+            stratify_by=drift_stratify_by,
         )
     if vllm:
         report.vllm = check_with_vllm(checkpoint)

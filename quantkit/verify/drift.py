@@ -123,10 +123,11 @@ def _prompt_only(sample: Sample) -> Sample:
 
 
 def held_out_rows(
-    calib: Path, *, exclude_ids: set[str], count: int, seed: int, kinds: set[str]
+    calib: Path, *, exclude_ids: set[str], count: int, seed: int, kinds: set[str], by: str = "stratum"
 ) -> list[dict]:
     """Rows of the calibration set not used to calibrate and of modalities the model takes,
-    subsampled keeping the strata's proportions."""
+    subsampled keeping the proportions of ``by`` (a row field: ``stratum``, or ``task`` for one
+    sample of every task while ``count`` allows)."""
     dataset = load_calibration_set(calib)
     rows = [
         row
@@ -145,7 +146,7 @@ def held_out_rows(
             path=calib,
             hint="calibrate with fewer --num-samples, or build a larger set",
         )
-    picked = stratified_subsample([row["stratum"] for row in rows], count, seed=seed)
+    picked = stratified_subsample([row[by] for row in rows], count, seed=seed)
     return [rows[i] for i in picked]
 
 
@@ -159,6 +160,7 @@ def measure_drift(
     greedy_tokens: int = 8,
     exclude_ids: set[str] | None = None,
     thresholds: DriftThresholds | None = None,
+    stratify_by: str = "stratum",
 ) -> DriftReport:
     from quantkit.models.adapters import adapter_for
 
@@ -168,7 +170,12 @@ def measure_drift(
     if exclude_ids is None:
         exclude_ids = _used_ids(checkpoint)
     rows = held_out_rows(
-        calib, exclude_ids=exclude_ids, count=num_samples, seed=seed, kinds=processor_capabilities(processor)
+        calib,
+        exclude_ids=exclude_ids,
+        count=num_samples,
+        seed=seed,
+        kinds=processor_capabilities(processor),
+        by=stratify_by,
     )
     # Each in its saved dtype: transformers cannot run some reloaded quantized models in float32.
     from quantkit.quantize.run import saved_dtype
