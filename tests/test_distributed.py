@@ -39,6 +39,30 @@ def test_shards_keep_every_strata_proportion_and_cover_the_set_once():
     assert len(shards[0]) == len(shards[1]) == 10
 
 
+def test_no_rank_is_left_without_a_sample_while_there_are_enough():
+    # dealing each stratum from its own offset gave [[0], [1, 2], []]: rank 2 failed on an empty
+    # loader and the others hung in their next collective
+    for labels in (["a", "a", "b"], ["a", "b", "c"], ["a"] * 5 + ["b"]):
+        shards = [shard_indices(labels, rank, 3) for rank in range(3)]
+        assert all(shards) and sorted(sum(shards, [])) == list(range(len(labels)))
+        assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+@pytest.mark.parametrize("recipe", ["w4a16-awq", "w8a8-sq-gptq"])
+def test_smoothing_recipes_are_refused_on_several_cpu_ranks(zoo_model, tmp_path, recipe):
+    """AWQ and SmoothQuant rescale norms in place on every rank, and CPU ranks share one copy of
+    the weights: N ranks would divide each norm N times."""
+    if torch.cuda.is_available():
+        pytest.skip("on GPUs each rank scales its own copy of the weights")
+    out = tmp_path / "o"
+    result = runner.invoke(
+        app,
+        ["quantize", str(zoo_model("tiny-qwen3")), "--recipe", recipe, "--output", str(out), "--nproc", "2"],
+    )
+    assert result.exit_code == 2, result.output
+    assert "once per rank" in " ".join(result.output.split()) and not out.exists()
+
+
 def test_relaunch_runs_this_package_under_torchrun():
     command = relaunch_command(3, ["quantize", "m", "--recipe", "w4a16"])
     assert command[1:3] == ["-m", "torch.distributed.run"]

@@ -206,6 +206,10 @@ def quantize(
             f"--nproc splits calibration samples across ranks; recipe {chosen.name!r} uses none",
             hint="drop --nproc (data-free recipes take seconds on one process)",
         )
+    if nproc > 1:
+        from quantkit.quantize.distributed import refuse_shared_weight_smoothing
+
+        refuse_shared_weight_smoothing(chosen)
     resolved_adapter = adapter_for(model, adapter)
     if trust_remote_code:
         resolved_adapter = resolved_adapter.model_copy(update={"trust_remote_code": True})

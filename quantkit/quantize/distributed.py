@@ -63,15 +63,15 @@ def init_distributed() -> DistContext | None:
 
 
 def shard_indices(labels: list[str], rank: int, world_size: int) -> list[int]:
-    """This rank's samples: each stratum's members dealt round-robin, starting one rank further
-    for each stratum, so every rank keeps the set's proportions and small strata spread out."""
+    """This rank's samples: the strata's members dealt round-robin, one stratum after another
+    with the deal going on where the last stopped, so every rank keeps the set's proportions,
+    small strata spread out, and shards differ by one at most (no rank is left without a sample
+    while there are as many as ranks: an empty rank would hang the others in their collectives)."""
     groups: dict[str, list[int]] = {}
     for index, label in enumerate(labels):
         groups.setdefault(label, []).append(index)
-    mine: list[int] = []
-    for offset, stratum in enumerate(sorted(groups)):
-        mine += [i for j, i in enumerate(groups[stratum]) if (j + offset) % world_size == rank]
-    return sorted(mine)
+    dealt = [i for stratum in sorted(groups) for i in groups[stratum]]
+    return sorted(i for position, i in enumerate(dealt) if position % world_size == rank)
 
 
 def gather(value, context: DistContext | None) -> list:
@@ -116,3 +116,19 @@ def shard(samples: list, labels: list[str], context: DistContext | None) -> tupl
         )
     indices = shard_indices(labels, context.rank, context.world_size)
     return [samples[i] for i in indices], [labels[i] for i in indices]
+
+
+def refuse_shared_weight_smoothing(recipe) -> None:
+    """AWQ and SmoothQuant rescale each norm in place on every rank. With the model on CPUs the
+    ranks share one copy of every weight (compressed-tensors' distributed CPU cache), so N ranks
+    would divide each norm N times; on GPUs each rank scales its own copy."""
+    if torch.cuda.is_available() or (recipe.method != "awq" and recipe.smoothquant_strength is None):
+        return
+    from quantkit.errors import InputError
+
+    smoothing = "AWQ" if recipe.method == "awq" else "SmoothQuant"
+    raise InputError(
+        f"recipe {recipe.name!r} smooths with {smoothing}, which on CPUs would rescale the ranks' shared "
+        "weights once per rank: several ranks on CPUs run GPTQ and observer recipes only",
+        hint="drop --nproc, or use w4a16 / fp8 (or run on GPUs)",
+    )

@@ -66,6 +66,7 @@ from quantkit.quantize.distributed import (
     broadcast_from_main,
     gather,
     init_distributed,
+    refuse_shared_weight_smoothing,
     shard,
 )
 from quantkit.quantize.pipelines import run_oneshot
@@ -682,6 +683,8 @@ def quantize(
         )
         check_output_free(output, force, need_bytes=planned.checkpoint_bytes)
         context = distributed or init_distributed()
+        if context is not None:
+            refuse_shared_weight_smoothing(recipe)
         if context is not None and recipe.needs_data:
             samples, labels = shard(samples, labels, context)
 
