@@ -45,7 +45,7 @@ demo: install vllm-env
 	$(BIN)/quantkit demo-pool --skills --output $(DEMO)/skills-pool --per-task 12
 	$(BIN)/quantkit calibrate $(DEMO)/skills-pool/pool.jsonl $(DEMO)/pool/pool.jsonl --output $(DEMO)/calib \
 		--size 120 --model $(DEMO)/models/tiny-omni-skills --max-seq-len 2048
-	$(BIN)/quantkit build $(foreach t,h20 hopper l40s rtx4090 ampere cpu,--target $(t)) \
+	COLUMNS=160 $(BIN)/quantkit build $(foreach t,h20 hopper l40s rtx4090 ampere cpu,--target $(t)) \
 		--model $(DEMO)/models/tiny-omni-skills --calib $(DEMO)/calib --num-samples 32 \
 		--output-root $(DEMO)/checkpoints --vllm
 	-COLUMNS=160 $(BIN)/quantkit eval $(DEMO)/models/tiny-omni-skills $(DEMO)/checkpoints/*/ \
