@@ -295,6 +295,19 @@ def relative_mse(logits: torch.Tensor, reference_logits: torch.Tensor) -> float:
     return float((logits - reference_logits).pow(2).mean() / reference_logits.pow(2).mean())
 
 
+def reloaded_errors(adapter, output: Path, references: dict) -> dict[str, float]:
+    """The checkpoint reloaded by transformers (compressed-tensors decompresses it), run on every
+    modality in ``references`` (kind -> (inputs, bf16 logits)): relative logit MSE per kind."""
+    model = adapter.load_model(output, dtype=torch.bfloat16)
+    errors = {}
+    for kind, (inputs, ref_logits) in references.items():
+        with torch.no_grad():
+            logits = model(**inputs).logits.float()
+        assert logits.shape == ref_logits.shape and torch.isfinite(logits).all(), kind
+        errors[kind] = relative_mse(logits, ref_logits)
+    return errors
+
+
 def saved_tensor_dtypes(output: Path) -> dict[str, str]:
     dtypes = {}
     for path in sorted(output.glob("*.safetensors")):
@@ -407,14 +420,7 @@ def test_every_zoo_model_with_every_recipe(quantized, reference, zoo_model, medi
     assert recipe_name in (output / "README.md").read_text()
 
     # 5. Reloads with transformers; a forward pass on every modality the model takes.
-    model = adapter.load_model(output, dtype=torch.bfloat16)
-    errors = {}
-    for kind, (inputs, ref_logits) in reference(name).items():
-        with torch.no_grad():
-            logits = model(**inputs).logits.float()
-        assert logits.shape == ref_logits.shape and torch.isfinite(logits).all(), kind
-        errors[kind] = relative_mse(logits, ref_logits)
-    del model
+    errors = reloaded_errors(adapter, output, reference(name))
     # 6. The error bound the scheme implies: against round-to-nearest of the scheme, simulated.
     rtn_scheme, factor, why = ERROR_BOUNDS[recipe_name]
     simulated = rtn_simulation(zoo_model(name), result, rtn_scheme)
@@ -425,7 +431,7 @@ def test_every_zoo_model_with_every_recipe(quantized, reference, zoo_model, medi
     ours, rtn = sum(errors.values()) / len(errors), sum(rtn_errors.values()) / len(rtn_errors)
     print(
         f"\n{name} {recipe_name}: relative logit MSE {ours:.5f}, round-to-nearest {rtn_scheme} {rtn:.5f} "
-        f"(ratio {ours / rtn:.2f}, bound {factor}); per input {({k: round(v, 5) for k, v in errors.items()})}"
+        f"(ratio {ours / rtn:.2f}, bound {factor}); per input { ({k: round(v, 5) for k, v in errors.items()}) }"
     )
     assert ours <= factor * rtn, f"{why}: {ours:.5f} vs {factor} x {rtn:.5f}; {errors} / {rtn_errors}"
 

@@ -241,13 +241,9 @@ def test_new_recipe_on_every_zoo_model(quantized, reference, zoo_model, media, n
     # transformers reloads it (compressed-tensors decompresses) and runs every modality it takes,
     # with logits nearer the original's than no logits at all (relative MSE below 1): a layer
     # decompressed with a wrong scale fails this, a 4-bit or FP8 rounding error does not.
-    model = adapter.load_model(output, dtype=torch.bfloat16)
-    errors = {}
-    for kind, (inputs, ref_logits) in reference(name).items():
-        with torch.no_grad():
-            logits = model(**inputs).logits.float()
-        assert logits.shape == ref_logits.shape and torch.isfinite(logits).all(), kind
-        errors[kind] = round(test_quantize.relative_mse(logits, ref_logits), 5)
+    errors = {
+        k: round(e, 5) for k, e in test_quantize.reloaded_errors(adapter, output, reference(name)).items()
+    }
     print(f"\n{name} {recipe_name}: relative logit MSE after reload {errors}")
     assert max(errors.values()) < 1, errors
     assert scheme in SERVING and SERVING[scheme] in (output / "README.md").read_text()
