@@ -149,3 +149,35 @@ def test_ctrl_c_stops_the_server(zoo_model, tmp_path, monkeypatch):
     leader, child = (int(pid) for pid in pid_file.read_text().split())
     assert os.getpgid(os.getpid()) != leader  # the server had a process group of its own
     assert not group_alive(leader)  # its shell and the child it started (same group) are gone
+
+
+def test_missing_kernel_is_skipped_with_vllms_reason(zoo_model, tmp_path, monkeypatch):
+    """A shipped scheme the local vLLM build has no kernel for (NVFP4A16 on a CPU: vLLM 0.32's CPU
+    server stops with the line below, far above its final error) is 'skipped' with that reason."""
+    import shutil
+
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    checkpoint = tmp_path / "omni-nvfp4a16"
+    shutil.copytree(zoo_model("tiny-qwen2.5-omni"), checkpoint)
+    config = json.loads((checkpoint / "config.json").read_text())
+    group = preset_name_to_scheme("NVFP4A16", ["Linear"]).model_dump(mode="json")
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "config_groups": {"group_0": group},
+    }
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    kernel = (
+        "ValueError: Forced NVFP4 kernel MarlinNvFp4LinearKernel is not supported: Marlin FP4 not available"
+    )
+    log = [
+        f"(EngineCore pid=11) ERROR 12-01 18:59:58 [core.py:1320] {kernel}",
+        *(f"(APIServer pid=10) INFO 12-01 19:00:0{i} [utils.py:1] shutting down" for i in range(9)),
+        "RuntimeError: Engine core initialization failed. See root cause above.",
+    ]
+    stand_in_interpreter(tmp_path, "".join(f"echo '{line}'\n" for line in log) + "exit 1\n", monkeypatch)
+    result = check_served(checkpoint, ready_timeout=60)
+    assert result.status == "skipped", result.reason
+    assert result.reason.startswith(
+        f"vLLM's local backend has no kernel for NVFP4A16 (serve): ServerFailed: {kernel}"
+    )

@@ -63,6 +63,7 @@ def verify(
     the openai client, greedy, and each answer must have the very tokens vLLM's offline engine
     gives for the same messages (greedy decoding is deterministic, so identical token ids). The
     server is stopped afterwards, on failure and on Ctrl-C too; the result also goes into the card.
+    A scheme the local vLLM build has no kernel for is skipped there too, with vLLM's reason.
 
     Exit code 0 when everything that ran passed, 1 when a check failed or the report could not
     be saved (a read-only checkpoint folder: the result is printed; pass --report PATH).

@@ -33,7 +33,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from quantkit.errors import InputError
-from quantkit.verify.vllm_check import WORKER, classify_failure, shipped_schemes, vllm_python
+from quantkit.verify.vllm_check import (
+    WORKER,
+    classify_failure,
+    missing_kernel,
+    shipped_schemes,
+    vllm_python,
+)
 
 MODALITIES = ("text", "image", "audio", "video")
 LOG_TAIL = 2000  # characters of the server's log shown when it fails
@@ -281,6 +287,25 @@ def _worker(python: Path, mode: str, request: dict, folder: Path, timeout: float
     return json.loads(answer.read_text())
 
 
+_VLLM_PREFIX = re.compile(r"^\(\w+ pid=\d+\)\s*(?:[A-Z]+ \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?")
+
+
+def _schemes(checkpoint: Path) -> list[str] | None:
+    config = json.loads((checkpoint / "config.json").read_text())
+    return shipped_schemes(config.get("quantization_config"))
+
+
+def _failure_message(failure: ServerFailed, log: Path, checkpoint: Path) -> str:
+    """What a server that did not come up said: vLLM's "no kernel here" line first where the log
+    has one (it is far above the engine's final error), then the failure, then the whole log (the
+    classification searches all of it)."""
+    whole = log.read_text(errors="replace") if log.is_file() else ""
+    schemes = _schemes(checkpoint)
+    kernel = next((line for line in whole.splitlines() if missing_kernel(line, schemes)), None)
+    head = f"{_VLLM_PREFIX.sub('', kernel.strip())}\n" if kernel else ""
+    return f"{head}{failure}\n{whole}"
+
+
 def compare(served: dict, offline: dict) -> list[ServedAnswer]:
     answers = []
     for name, ours in served.items():
@@ -353,10 +378,8 @@ def check_served(
                 on_ready(server)
             served = _worker(python, "client", request, folder, request_timeout * len(requests) + 60)
         except ServerFailed as failure:
-            # The whole log goes to the classification: vLLM's kernel message may be far up.
-            whole = log.read_text(errors="replace") if log.is_file() else ""
             served = {"status": "error", "stage": "serve", "error_type": "ServerFailed",
-                      "message": f"{failure}\n{whole}"}  # fmt: skip
+                      "message": _failure_message(failure, log, checkpoint)}  # fmt: skip
         finally:
             stop_server(server)
         if served.get("status") == "ok":
@@ -379,10 +402,7 @@ def _judge(check: ServeCheck, checkpoint: Path, served: dict, offline: dict | No
     elif offline is not None and offline.get("status") != "ok":
         problem = {**offline, "stage": f"offline {offline.get('stage')}"}
     if problem is not None:
-        config = json.loads((checkpoint / "config.json").read_text())
-        check.status, check.reason = classify_failure(
-            problem, shipped_schemes(config.get("quantization_config"))
-        )
+        check.status, check.reason = classify_failure(problem, _schemes(checkpoint))
         if served.get("outputs"):
             check.answers = compare(served["outputs"], {})
         return check
