@@ -295,15 +295,14 @@ def _schemes(checkpoint: Path) -> list[str] | None:
     return shipped_schemes(config.get("quantization_config"))
 
 
-def _failure_message(failure: ServerFailed, log: Path, checkpoint: Path) -> str:
-    """What a server that did not come up said: vLLM's "no kernel here" line first where the log
-    has one (it is far above the engine's final error), then the failure, then the whole log (the
-    classification searches all of it)."""
-    whole = log.read_text(errors="replace") if log.is_file() else ""
+def _failure_message(failure: str, server_log: str, checkpoint: Path) -> str:
+    """A failure with what the server said: vLLM's "no kernel here" line first where its log has
+    one (far above the engine's final error, or behind a client's bare "500"), then the failure,
+    then the whole log (the classification searches all of it)."""
     schemes = _schemes(checkpoint)
-    kernel = next((line for line in whole.splitlines() if missing_kernel(line, schemes)), None)
+    kernel = next((line for line in server_log.splitlines() if missing_kernel(line, schemes)), None)
     head = f"{_VLLM_PREFIX.sub('', kernel.strip())}\n" if kernel else ""
-    return f"{head}{failure}\n{whole}"
+    return f"{head}{failure}\n{server_log}"
 
 
 def compare(served: dict, offline: dict) -> list[ServedAnswer]:
@@ -332,13 +331,12 @@ def check_served(
     max_model_len: int = 2048,
     ready_timeout: float = 600,
     request_timeout: float = 300,
-    on_ready=None,
 ) -> ServeCheck:
     """Serve ``checkpoint`` with ``vllm serve``, send one request per modality the model takes with
     the ``openai`` client, stop the server, and check vLLM's offline engine gives the same greedy
     tokens for the same messages. A scheme the local vLLM build has no kernel for is 'skipped'
     with vLLM's reason (vllm_check's classification); bad input (no checkpoint, a taken port)
-    raises InputError before anything starts. ``on_ready(server)`` is called once it answers."""
+    raises InputError before anything starts."""
     checkpoint = Path(checkpoint).resolve()
     if not (checkpoint / "config.json").is_file():
         raise InputError("not a checkpoint folder (no config.json)", path=checkpoint,
@@ -374,23 +372,24 @@ def check_served(
         )
         try:
             check.ready_seconds = wait_ready(server, check.port, str(checkpoint), log, ready_timeout)
-            if on_ready is not None:
-                on_ready(server)
             served = _worker(python, "client", request, folder, request_timeout * len(requests) + 60)
         except ServerFailed as failure:
             served = {"status": "error", "stage": "serve", "error_type": "ServerFailed",
-                      "message": _failure_message(failure, log, checkpoint)}  # fmt: skip
+                      "message": str(failure)}  # fmt: skip
         finally:
             stop_server(server)
+        server_log = log.read_text(errors="replace") if log.is_file() else ""
         if served.get("status") == "ok":
             offline = _worker(python, "chat", request, folder, ready_timeout)
         else:
             offline = None
     check.seconds = round(time.time() - started, 1)
-    return _judge(check, checkpoint, served, offline)
+    return _judge(check, checkpoint, served, offline, server_log)
 
 
-def _judge(check: ServeCheck, checkpoint: Path, served: dict, offline: dict | None) -> ServeCheck:
+def _judge(
+    check: ServeCheck, checkpoint: Path, served: dict, offline: dict | None, server_log: str
+) -> ServeCheck:
     problem = None
     if served.get("status") != "ok":
         errors = served.get("errors")
@@ -398,7 +397,8 @@ def _judge(check: ServeCheck, checkpoint: Path, served: dict, offline: dict | No
             name, error = next(iter(errors.items()))
             problem = {"stage": f"{name} request", **error}
         else:
-            problem = served
+            problem = dict(served)
+        problem["message"] = _failure_message(problem["message"], server_log, checkpoint)
     elif offline is not None and offline.get("status") != "ok":
         problem = {**offline, "stage": f"offline {offline.get('stage')}"}
     if problem is not None:
