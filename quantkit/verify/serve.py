@@ -87,6 +87,8 @@ def check_port(port: int) -> None:
             f"--port {port} is not a TCP port", hint="pass 1-65535, or leave it out for a free one"
         )
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As the server binds (uvicorn): a port whose last connections are in TIME_WAIT is free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError as err:
