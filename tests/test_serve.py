@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from quantkit.cli import app
 from quantkit.verify.serve import check_served, group_alive
-from quantkit.verify.vllm_check import vllm_python
+from quantkit.verify.vllm_check import REPO_VENV, vllm_python
 
 runner = CliRunner()
 
@@ -180,3 +180,123 @@ def test_missing_kernel_is_skipped_with_vllms_reason(zoo_model, tmp_path, monkey
     assert result.reason.startswith(
         f"vLLM's local backend has no kernel for NVFP4A16 (serve): ServerFailed: {kernel}"
     )
+
+
+KERNEL_LINE = "NotImplementedError: _C::static_scaled_fp8_quant() -> () has no CPU kernel"
+
+# A stand-in `vllm serve` and offline engine (run by this interpreter): an OpenAI-style chat server on
+# the --port it is given, answering each request with token ids made from the request's modality,
+# and an offline "engine" giving the same ids. $FAKE_VLLM picks a misbehaviour.
+FAKE_VLLM = r"""
+import http.server, json, os, sys, time
+
+behaviour = os.environ.get("FAKE_VLLM", "ok")
+mode = sys.argv[3]  # argv: -P WORKER MODE ...
+
+
+def tokens(name):
+    return {"token_ids": [7, len(name), 3], "prompt_token_ids": [1, 2, 3, len(name)],
+            "text": name + " answer", "finish_reason": "length"}
+
+
+if mode == "chat":
+    request = json.load(open(sys.argv[4]))
+    outputs = {item["name"]: tokens(item["name"]) for item in request["requests"]}
+    if behaviour == "offline-prompt-differs":
+        outputs["text"]["prompt_token_ids"] = [1, 2, 3, 5]
+    with open(sys.argv[5], "w") as handle:
+        handle.write(json.dumps({"status": "ok", "outputs": outputs}))
+    sys.exit(0)
+
+args = sys.argv[4:]
+checkpoint, port = args[0], int(args[args.index("--port") + 1])
+starts = os.environ.get("FAKE_VLLM_STARTS")
+if starts:
+    with open(starts, "a") as handle:
+        handle.write(f"{port}\n")
+    first = len(open(starts).read().split()) == 1
+if behaviour == "port-taken" or (behaviour == "port-taken-once" and first):
+    print("OSError: [Errno 98] Address already in use", flush=True)
+    sys.exit(1)
+if behaviour == "kernel-line-then-hang":
+    print("(EngineCore pid=11) ERROR 12-01 18:59:58 [core.py:1] " + os.environ["KERNEL_LINE"], flush=True)
+    time.sleep(300)
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def send(self, code, body):
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path == "/health":
+            self.send(200, b"")
+        elif self.path == "/v1/models":
+            listing = {"object": "list", "data": [{"id": checkpoint, "object": "model"}]}
+            self.send(200, b"<html>not vLLM</html>" if behaviour == "foreign" else json.dumps(listing).encode())
+        else:
+            self.send(404, b"{}")
+
+    def do_POST(self):
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        content = request["messages"][0]["content"]
+        name = "text" if isinstance(content, str) else content[0]["type"].split("_")[0]
+        if behaviour in ("kernel-line-500", "kernel-line-400"):
+            print("(EngineCore pid=11) ERROR 12-01 18:59:58 [core.py:1] " + os.environ["KERNEL_LINE"], flush=True)
+            code = 500 if behaviour == "kernel-line-500" else 400
+            error = {"error": {"message": "the engine failed", "type": "Error", "code": code}}
+            return self.send(code, json.dumps(error).encode())
+        answer = tokens(name)
+        choice = {"index": 0, "message": {"role": "assistant", "content": answer["text"]},
+                  "finish_reason": "length", "token_ids": answer["token_ids"]}
+        body = {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": checkpoint,
+                "choices": [choice], "prompt_token_ids": answer["prompt_token_ids"],
+                "usage": {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}}
+        self.send(200, json.dumps(body).encode())
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.ThreadingHTTPServer.allow_reuse_address = True
+http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+@pytest.fixture
+def fake_vllm(tmp_path, monkeypatch):
+    """QUANTKIT_VLLM_PYTHON pointing at the stand-in above; the client worker runs for real (the
+    `openai` client lives in the vLLM environment). Returns a setter for $FAKE_VLLM."""
+    import sys
+
+    if not REPO_VENV.exists():
+        pytest.skip("no vLLM environment (make vllm-env): the openai client lives there")
+    (tmp_path / "fake_vllm.py").write_text(FAKE_VLLM)
+    stand_in_interpreter(
+        tmp_path,
+        f'if [ "$3" = client ]; then exec {REPO_VENV} "$@"; fi\n'
+        f'exec {sys.executable} {tmp_path / "fake_vllm.py"} "$@"\n',
+        monkeypatch,
+    )
+    monkeypatch.setenv("KERNEL_LINE", KERNEL_LINE)
+    monkeypatch.setenv("FAKE_VLLM_STARTS", str(tmp_path / "starts"))
+    return lambda behaviour: monkeypatch.setenv("FAKE_VLLM", behaviour)
+
+
+def test_loopback_requests_bypass_a_proxy(zoo_model, fake_vllm, monkeypatch):
+    """http(s)_proxy set (to a port nothing listens on), no no_proxy: quantkit's readiness poll and
+    the openai client still reach the server on 127.0.0.1 directly."""
+    from quantkit.verify.serve import free_port
+
+    proxy = f"http://127.0.0.1:{free_port()}"
+    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(name, proxy)
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    fake_vllm("ok")
+    result = check_served(zoo_model("tiny-qwen2.5-omni"), ready_timeout=8, request_timeout=30)
+    assert result.status == "passed", result.reason
+    assert {a.name for a in result.answers} == {"text", "image", "audio", "video"}

@@ -148,6 +148,16 @@ def probe_requests(folder: Path, kinds: set[str]) -> list[dict]:
     return requests
 
 
+LOOPBACK = ("127.0.0.1", "localhost")
+
+
+def _no_proxy(value: str | None) -> str:
+    """``value`` (a NO_PROXY list) with the loopback names added: the server is on 127.0.0.1, and a
+    user's HTTP(S)_PROXY must not carry quantkit's requests to it."""
+    names = [name.strip() for name in (value or "").split(",") if name.strip()]
+    return ",".join(names + [name for name in LOOPBACK if name not in names])
+
+
 def _worker_env() -> dict[str, str]:
     env = {
         **os.environ,
@@ -157,6 +167,8 @@ def _worker_env() -> dict[str, str]:
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "QUANTKIT_PARENT_PID": str(os.getpid()),
+        "NO_PROXY": _no_proxy(os.environ.get("NO_PROXY")),
+        "no_proxy": _no_proxy(os.environ.get("no_proxy")),
     }
     env.pop("PYTHONPATH", None)  # the worker must not import this environment's packages
     return env
@@ -211,9 +223,13 @@ def _exited(log: Path, what: str) -> ServerFailed:
     )
 
 
+# No proxy: the server is on the loopback interface, whatever HTTP(S)_PROXY says.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def _get(url: str, timeout: float = 2.0) -> bytes | None:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - loopback only
+        with _DIRECT.open(url, timeout=timeout) as response:  # noqa: S310 - loopback only
             return response.read() if response.status == 200 else None
     except (urllib.error.URLError, OSError, ValueError):
         return None

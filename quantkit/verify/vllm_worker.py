@@ -202,6 +202,8 @@ def client(request: dict) -> dict:
         api_key="EMPTY",
         timeout=float(request.get("timeout", 300)),
         max_retries=0,
+        # The server is on 127.0.0.1: no HTTP(S)_PROXY from the environment.
+        http_client=openai.DefaultHttpxClient(trust_env=False),
     )
     outputs, errors = {}, {}
     for item in request["requests"]:
