@@ -300,3 +300,47 @@ def test_loopback_requests_bypass_a_proxy(zoo_model, fake_vllm, monkeypatch):
     result = check_served(zoo_model("tiny-qwen2.5-omni"), ready_timeout=8, request_timeout=30)
     assert result.status == "passed", result.reason
     assert {a.name for a in result.answers} == {"text", "image", "audio", "video"}
+
+
+@pytest.mark.parametrize("mode", ["chat", "client"])
+def test_workers_die_with_their_parent(tmp_path, mode):
+    """The offline `chat` run and the `client` run die when the process that started them is
+    killed (SIGKILL: no handler runs), as the server does: each is blocked here on its request (a
+    FIFO nothing writes), so only the kernel's parent-death signal can end it."""
+    import subprocess
+    import sys
+    import time
+
+    from quantkit.verify.vllm_check import WORKER
+
+    request = tmp_path / "request.json"
+    os.mkfifo(request)
+    parent = subprocess.Popen(
+        [sys.executable, "-c",
+         "import os, subprocess, sys, time\n"
+         "env = {**os.environ, 'QUANTKIT_PARENT_PID': str(os.getpid())}\n"
+         f"worker = subprocess.Popen([sys.executable, '-P', {str(WORKER)!r}, {mode!r}, {str(request)!r},"
+         f" {str(tmp_path / 'answer.json')!r}], env=env)\n"
+         "print(worker.pid, flush=True)\n"
+         "time.sleep(300)\n"],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    worker = int(parent.stdout.readline())
+    time.sleep(1.0)  # the worker reaches its main() and blocks on the request
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and running(worker):
+        time.sleep(0.2)
+    alive = running(worker)
+    if alive:  # not left behind by a failing test
+        os.kill(worker, signal.SIGKILL)
+    assert not alive, f"the {mode} worker outlived its parent"
+
+
+def running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -247,7 +247,6 @@ def _die_with_parent() -> None:
 
 def serve(args: list[str]) -> int:
     _cpu_defaults()
-    _die_with_parent()
     from vllm.entrypoints.cli.main import main as vllm_main
 
     sys.argv = ["vllm", "serve", *args]
@@ -258,6 +257,7 @@ MODES = {"chat": chat, "client": client}
 
 
 def main() -> int:
+    _die_with_parent()  # every mode: no server, client or offline engine outlives quantkit
     if sys.argv[1] == "serve":
         return serve(sys.argv[2:])
     mode = MODES.get(sys.argv[1])
