@@ -344,3 +344,24 @@ def running(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_automatic_port_taken_before_the_server_binds_it_is_retried_once(zoo_model, fake_vllm, tmp_path):
+    """The free port quantkit picked is gone by the time the server binds it ("Address already in
+    use"): a second server on another free port answers."""
+    fake_vllm("port-taken-once")
+    result = check_served(zoo_model("tiny-qwen2.5-omni"), ready_timeout=30, request_timeout=30)
+    assert result.status == "passed", result.reason
+    first, second = (int(port) for port in (tmp_path / "starts").read_text().split())
+    assert first != second and result.port == second
+
+
+def test_chosen_port_taken_when_the_server_binds_it_is_bad_input(zoo_model, fake_vllm):
+    from quantkit.errors import InputError
+    from quantkit.verify.serve import free_port
+
+    fake_vllm("port-taken")
+    port = free_port()
+    with pytest.raises(InputError) as refused:
+        check_served(zoo_model("tiny-qwen2.5-omni"), port=port, ready_timeout=30)
+    assert f"port {port}" in str(refused.value) and "--port" in str(refused.value)

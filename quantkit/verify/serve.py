@@ -46,7 +46,13 @@ LOG_TAIL = 2000  # characters of the server's log shown when it fails
 
 
 class ServerFailed(Exception):
-    """The server did not come up (exited, or was not ready in time); the message has its log tail."""
+    """The server did not come up (exited, or was not ready in time); the message has its log tail.
+    ``exited``: the server stopped by itself; ``port_taken``: it could not bind its port."""
+
+    def __init__(self, message: str, *, exited: bool = False, port_taken: bool = False) -> None:
+        super().__init__(message)
+        self.exited = exited
+        self.port_taken = port_taken
 
 
 @dataclass
@@ -216,10 +222,16 @@ def last_error(log: Path) -> str | None:
     return f"{found[-1].group(1)}: {found[-1].group(2).strip()}" if found else None
 
 
-def _exited(log: Path, what: str) -> ServerFailed:
+_PORT_TAKEN = re.compile(r"address already in use", re.IGNORECASE)  # OSError errno 98, from bind()
+
+
+def _exited(log: Path, what: str, *, exited: bool = True) -> ServerFailed:
     headline = last_error(log)
+    taken = exited and bool(_PORT_TAKEN.search(log.read_text(errors="replace") if log.is_file() else ""))
     return ServerFailed(
-        f"{what}{': ' + headline if headline else ''}\nthe server's log ends:\n{log_tail(log)}"
+        f"{what}{': ' + headline if headline else ''}\nthe server's log ends:\n{log_tail(log)}",
+        exited=exited,
+        port_taken=taken,
     )
 
 
@@ -250,7 +262,7 @@ def wait_ready(server: subprocess.Popen, port: int, model: str, log: Path, timeo
                 raise ServerFailed(f"port {port} answers, but not with this checkpoint (it serves {served})")
             return round(time.monotonic() - started, 1)
         time.sleep(1.0)
-    raise _exited(log, f"the vLLM server was not ready after {timeout:.0f} s")
+    raise _exited(log, f"the vLLM server was not ready after {timeout:.0f} s", exited=False)
 
 
 def group_alive(pgid: int) -> list[int]:
@@ -373,29 +385,27 @@ def check_served(
     check = ServeCheck(str(checkpoint), "failed", port=port or free_port())
     with tempfile.TemporaryDirectory(prefix="quantkit-serve-") as tmp:
         folder = Path(tmp)
-        requests = probe_requests(folder, kinds)
         request = {
             "model": str(checkpoint),
             "served_model": str(checkpoint),
-            "base_url": f"http://127.0.0.1:{check.port}/v1",
             "max_tokens": max_tokens,
             "max_model_len": max_model_len,
             "limit_mm_per_prompt": {kind: 1 for kind in sorted(kinds)},
             "timeout": request_timeout,
-            "requests": requests,
+            "requests": probe_requests(folder, kinds),
         }
         log = folder / "server.log"
-        server = start_server(
-            python, checkpoint, check.port, request["limit_mm_per_prompt"], log, max_model_len=max_model_len
-        )
-        try:
-            check.ready_seconds = wait_ready(server, check.port, str(checkpoint), log, ready_timeout)
-            served = _worker(python, "client", request, folder, request_timeout * len(requests) + 60)
-        except ServerFailed as failure:
-            served = {"status": "error", "stage": "serve", "error_type": "ServerFailed",
-                      "message": str(failure)}  # fmt: skip
-        finally:
-            stop_server(server)
+        for attempt in (1, 2):
+            served = _serve_and_ask(python, check, request, folder, log, ready_timeout)
+            if not served.get("port_taken"):
+                break
+            if port is not None:
+                raise InputError(
+                    f"port {port} on 127.0.0.1 was taken by the time the vLLM server bound it",
+                    hint="pass another --port, or leave it out for a free one",
+                )
+            if attempt == 1:  # the free port we picked was taken in between: once more, on another
+                check.port = free_port()
         server_log = log.read_text(errors="replace") if log.is_file() else ""
         if served.get("status") == "ok":
             offline = _worker(python, "chat", request, folder, ready_timeout)
@@ -403,6 +413,32 @@ def check_served(
             offline = None
     check.seconds = round(time.time() - started, 1)
     return _judge(check, checkpoint, served, offline, server_log)
+
+
+def _serve_and_ask(
+    python: Path, check: ServeCheck, request: dict, folder: Path, log: Path, ready_timeout: float
+) -> dict:
+    """Start the server on ``check.port``, wait for it, send the requests through the client
+    worker and stop the server: the client's answer, or a failure dict (``port_taken`` when the
+    server could not bind its port; ``server_exited`` when it stopped by itself)."""
+    checkpoint = Path(request["model"])
+    request["base_url"] = f"http://127.0.0.1:{check.port}/v1"
+    server = start_server(
+        python, checkpoint, check.port, request["limit_mm_per_prompt"], log,
+        max_model_len=request["max_model_len"],
+    )  # fmt: skip
+    try:
+        check.ready_seconds = wait_ready(server, check.port, str(checkpoint), log, ready_timeout)
+        timeout = request["timeout"] * len(request["requests"]) + 60
+        served = _worker(python, "client", request, folder, timeout)
+        served["server_exited"] = server.poll() is not None
+    except ServerFailed as failure:
+        served = {"status": "error", "stage": "serve", "error_type": "ServerFailed",
+                  "message": str(failure), "server_exited": failure.exited,
+                  "port_taken": failure.port_taken}  # fmt: skip
+    finally:
+        stop_server(server)
+    return served
 
 
 def _judge(
