@@ -365,3 +365,18 @@ def test_chosen_port_taken_when_the_server_binds_it_is_bad_input(zoo_model, fake
     with pytest.raises(InputError) as refused:
         check_served(zoo_model("tiny-qwen2.5-omni"), port=port, ready_timeout=30)
     assert f"port {port}" in str(refused.value) and "--port" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "status"),
+    [("kernel-line-then-hang", "failed"), ("kernel-line-400", "failed"), ("kernel-line-500", "skipped")],
+)
+def test_a_kernel_line_in_the_log_skips_only_a_crash(zoo_model, fake_vllm, behaviour, status):
+    """The server's log names a missing kernel: a server that never gets ready, or a request it
+    refuses (400), is still a failure; only a request it fails with HTTP 500 (or a server that
+    exits, test_missing_kernel_is_skipped_with_vllms_reason) is skipped, on that one line."""
+    fake_vllm(behaviour)
+    result = check_served(zoo_model("tiny-qwen2.5-omni"), ready_timeout=5, request_timeout=30)
+    assert result.status == status, result.reason
+    if status == "skipped":
+        assert result.reason.endswith(f"(text request): InternalServerError: {KERNEL_LINE}"), result.reason

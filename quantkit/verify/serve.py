@@ -325,14 +325,32 @@ def _schemes(checkpoint: Path) -> list[str] | None:
     return shipped_schemes(config.get("quantization_config"))
 
 
-def _failure_message(failure: str, server_log: str, checkpoint: Path) -> str:
-    """A failure with what the server said: vLLM's "no kernel here" line first where its log has
-    one (far above the engine's final error, or behind a client's bare "500"), then the failure,
-    then the whole log (the classification searches all of it)."""
-    schemes = _schemes(checkpoint)
+def _kernel_line(server_log: str, schemes: list[str] | None) -> str | None:
+    """vLLM's "no kernel here" line in the server's log (far above the engine's final error, or
+    behind a client's bare "500"), without vLLM's process prefix; None when it has none."""
     kernel = next((line for line in server_log.splitlines() if missing_kernel(line, schemes)), None)
-    head = f"{_VLLM_PREFIX.sub('', kernel.strip())}\n" if kernel else ""
-    return f"{head}{failure}\n{server_log}"
+    return _VLLM_PREFIX.sub("", kernel.strip()) if kernel else None
+
+
+def _failed_reason(problem: dict) -> str:
+    flat = " ".join(line.strip() for line in str(problem.get("message")).splitlines() if line.strip())
+    more = " ..." if len(flat) > 600 else ""
+    return f"vLLM {problem.get('stage')} failed: {problem.get('error_type')}: {flat[:600]}{more}"
+
+
+def _served_problem(served: dict, server_log: str, schemes: list[str] | None) -> tuple[str, str]:
+    """('skipped', vLLM's kernel line) when the server stopped by itself or answered a request
+    with HTTP 500 and its log has a known "no kernel here" line; else ('failed', the problem). A
+    timeout, a hang or a refused (4xx) request is never a missing kernel, whatever the log says."""
+    errors = served.get("errors") or {}
+    crashed = [(name, error) for name, error in errors.items() if error.get("status_code") == 500]
+    name, error = (crashed or list(errors.items()) or [(None, None)])[0]
+    problem = {"stage": f"{name} request", **error} if error else dict(served)
+    if served.get("server_exited") or crashed:
+        kernel = _kernel_line(server_log, schemes)
+        if kernel:
+            return classify_failure({**problem, "message": kernel}, schemes)
+    return "failed", _failed_reason(problem)
 
 
 def compare(served: dict, offline: dict) -> list[ServedAnswer]:
@@ -444,19 +462,15 @@ def _serve_and_ask(
 def _judge(
     check: ServeCheck, checkpoint: Path, served: dict, offline: dict | None, server_log: str
 ) -> ServeCheck:
-    problem = None
+    failed = None
     if served.get("status") != "ok":
-        errors = served.get("errors")
-        if errors:  # the server ran; requests were refused
-            name, error = next(iter(errors.items()))
-            problem = {"stage": f"{name} request", **error}
-        else:
-            problem = dict(served)
-        problem["message"] = _failure_message(problem["message"], server_log, checkpoint)
+        failed = _served_problem(served, server_log, _schemes(checkpoint))
     elif offline is not None and offline.get("status") != "ok":
+        # The offline engine's own exception: classified as --vllm classifies it.
         problem = {**offline, "stage": f"offline {offline.get('stage')}"}
-    if problem is not None:
-        check.status, check.reason = classify_failure(problem, _schemes(checkpoint))
+        failed = classify_failure(problem, _schemes(checkpoint))
+    if failed is not None:
+        check.status, check.reason = failed
         if served.get("outputs"):
             check.answers = compare(served["outputs"], {})
         return check

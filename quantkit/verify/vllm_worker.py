@@ -227,6 +227,7 @@ def client(request: dict) -> dict:
             errors[item["name"]] = {
                 "error_type": type(error).__name__,
                 "message": str(error).strip()[:2000] or type(error).__name__,
+                "status_code": getattr(error, "status_code", None),  # the HTTP status, if one came
             }
     return {"status": "ok" if not errors else "error", "outputs": outputs, "errors": errors}
 
