@@ -71,6 +71,7 @@ def test_served_answers_match_the_offline_engine_for_every_modality(omni_fp8):
     for name, answer in answers.items():
         assert answer["served_tokens"], name  # the server generated something for each request
         assert answer["served_tokens"] == answer["offline_tokens"], name
+        assert answer["served_prompt_tokens"] and answer["same_prompt"], name
         assert answer["served_text"] == answer["offline_text"], name
     assert "same tokens" in (omni_fp8 / "README.md").read_text()
     assert "Served vs offline engine" in result.output
@@ -380,3 +381,14 @@ def test_a_kernel_line_in_the_log_skips_only_a_crash(zoo_model, fake_vllm, behav
     assert result.status == status, result.reason
     if status == "skipped":
         assert result.reason.endswith(f"(text request): InternalServerError: {KERNEL_LINE}"), result.reason
+
+
+def test_a_prompt_rendered_differently_fails_though_the_answer_matches(zoo_model, fake_vllm):
+    """Same 3 answer tokens, but the server rendered the text prompt to other token ids than the
+    offline engine (a template or media difference a few output tokens can hide): failed."""
+    fake_vllm("offline-prompt-differs")
+    result = check_served(zoo_model("tiny-qwen2.5-omni"), ready_timeout=30, request_timeout=30)
+    assert result.status == "failed"
+    assert result.reason == "the served tokens differ from the offline engine's on: text (prompt)"
+    text = next(a for a in result.answers if a.name == "text")
+    assert text.served_tokens == text.offline_tokens and not text.same_prompt and not text.matches

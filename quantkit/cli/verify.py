@@ -179,9 +179,17 @@ def print_serve_check(check) -> None:
     ready = f" (ready in {check.ready_seconds} s on port {check.port})" if check.ready_seconds else ""
     console.print(f"vLLM server: [{colour}]{check.status}[/]{ready} {check.reason}".rstrip())
     if check.answers:
-        table = Table("request", "served tokens", "offline tokens", "same", title="Served vs offline engine")
+        table = Table(
+            "request", "prompt tokens", "same prompt", "served tokens", "offline tokens", "same",
+            title="Served vs offline engine",
+        )  # fmt: skip
         for answer in check.answers:
             table.add_row(
-                answer.name, str(answer.served_tokens), str(answer.offline_tokens), _mark(answer.matches)
+                answer.name,
+                str(answer.served_prompt_tokens),
+                _mark(answer.same_prompt),
+                str(answer.served_tokens),
+                str(answer.offline_tokens),
+                _mark(answer.matches),
             )
         console.print(table)

@@ -62,7 +62,10 @@ class ServedAnswer:
     offline_tokens: list[int]
     served_text: str
     offline_text: str
-    matches: bool  # identical token ids (greedy: the offline engine must give the same tokens)
+    matches: bool  # identical prompt and answer token ids (greedy: the offline engine's own)
+    served_prompt_tokens: int = 0  # how many tokens the prompt (template and media) rendered to
+    offline_prompt_tokens: int = 0
+    same_prompt: bool = False  # identical prompt token ids: the same template and media rendering
 
 
 @dataclass
@@ -354,10 +357,14 @@ def _served_problem(served: dict, server_log: str, schemes: list[str] | None) ->
 
 
 def compare(served: dict, offline: dict) -> list[ServedAnswer]:
+    """Per request: the served prompt and answer token ids against the offline engine's; a side
+    with no tokens never matches."""
     answers = []
     for name, ours in served.items():
         theirs = offline.get(name) or {}
         tokens, offline_tokens = ours.get("token_ids") or [], theirs.get("token_ids") or []
+        prompt, offline_prompt = ours.get("prompt_token_ids") or [], theirs.get("prompt_token_ids") or []
+        same_prompt = bool(prompt) and prompt == offline_prompt
         answers.append(
             ServedAnswer(
                 name,
@@ -365,7 +372,10 @@ def compare(served: dict, offline: dict) -> list[ServedAnswer]:
                 offline_tokens,
                 ours.get("text", ""),
                 theirs.get("text", ""),
-                bool(tokens) and tokens == offline_tokens,
+                same_prompt and bool(tokens) and tokens == offline_tokens,
+                len(prompt),
+                len(offline_prompt),
+                same_prompt,
             )
         )
     return answers
@@ -475,7 +485,7 @@ def _judge(
             check.answers = compare(served["outputs"], {})
         return check
     check.answers = compare(served["outputs"], offline["outputs"])
-    differ = [a.name for a in check.answers if not a.matches]
+    differ = [f"{a.name}{'' if a.same_prompt else ' (prompt)'}" for a in check.answers if not a.matches]
     check.status = "failed" if differ else "passed"
     check.reason = (
         f"the served tokens differ from the offline engine's on: {', '.join(differ)}" if differ else ""
@@ -502,13 +512,15 @@ def card_section(check: ServeCheck) -> str:
         lines += [
             "",
             "`vllm serve` on this folder answered one request per modality through the `openai` client "
-            "(chat completions, media as base64 data URLs, greedy); each answer's tokens are compared "
-            "with vLLM's offline engine (`LLM.chat`) on the same messages.",
+            "(chat completions, media as base64 data URLs, greedy); each answer's tokens, and its prompt's "
+            "tokens as the server rendered them, are compared with vLLM's offline engine (`LLM.chat`) "
+            "on the same messages.",
             "",
-            "| request | served tokens | offline tokens | same tokens |",
-            "|---|---|---|---|",
+            "| request | prompt tokens | same prompt | served tokens | offline tokens | same tokens |",
+            "|---|---|---|---|---|---|",
             *(
-                f"| {a.name} | {len(a.served_tokens)} | {len(a.offline_tokens)} | {'yes' if a.matches else 'no'} |"
+                f"| {a.name} | {a.served_prompt_tokens} | {'yes' if a.same_prompt else 'no'} "
+                f"| {len(a.served_tokens)} | {len(a.offline_tokens)} | {'yes' if a.matches else 'no'} |"
                 for a in check.answers
             ),
         ]

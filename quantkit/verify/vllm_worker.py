@@ -182,8 +182,10 @@ def chat(request: dict) -> dict:
         params = llm.get_default_sampling_params()
         params.temperature = 0.0
         params.max_tokens = int(request.get("max_tokens", 8))
-        result = llm.chat(item["messages"], params, use_tqdm=False)[0].outputs[0]
+        output = llm.chat(item["messages"], params, use_tqdm=False)[0]
+        result = output.outputs[0]
         return {
+            "prompt_token_ids": list(output.prompt_token_ids or []),  # the rendered template and media
             "token_ids": list(result.token_ids),
             "text": result.text,
             "finish_reason": result.finish_reason,
@@ -194,7 +196,8 @@ def chat(request: dict) -> dict:
 
 def client(request: dict) -> dict:
     """Each request through the ``openai`` client, as a user sends it: chat completions, greedy,
-    ``max_tokens``; vLLM's ``return_token_ids`` extra field gives the tokens behind the text."""
+    ``max_tokens``; vLLM's ``return_token_ids`` extra field gives the tokens behind the text and
+    the prompt's tokens as the server rendered them."""
     import openai
 
     api = openai.OpenAI(
@@ -218,6 +221,8 @@ def client(request: dict) -> dict:
             )
             choice = response.choices[0]
             outputs[item["name"]] = {
+                # vLLM's extra fields (ChatCompletionResponse.prompt_token_ids, choice.token_ids)
+                "prompt_token_ids": list(getattr(response, "prompt_token_ids", None) or []),
                 "token_ids": list(getattr(choice, "token_ids", None) or []),
                 "text": choice.message.content or "",
                 "finish_reason": choice.finish_reason,
