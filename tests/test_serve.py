@@ -205,12 +205,14 @@ if mode == "chat":
     outputs = {item["name"]: tokens(item["name"]) for item in request["requests"]}
     if behaviour == "offline-prompt-differs":
         outputs["text"]["prompt_token_ids"] = [1, 2, 3, 5]
+    answer = json.dumps({"status": "ok", "outputs": outputs})
     with open(sys.argv[5], "w") as handle:
-        handle.write(json.dumps({"status": "ok", "outputs": outputs}))
+        handle.write(answer[:20] if behaviour == "offline-half-written" else answer)
     sys.exit(0)
 
 args = sys.argv[4:]
 checkpoint, port = args[0], int(args[args.index("--port") + 1])
+LATE = os.environ["FAKE_VLLM_STARTS"] + ".late"
 starts = os.environ.get("FAKE_VLLM_STARTS")
 if starts:
     with open(starts, "a") as handle:
@@ -235,6 +237,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/health":
             self.send(200, b"")
+        elif self.path == "/v1/models" and behaviour == "models-late" and not os.path.exists(LATE):
+            open(LATE, "w").close()
+            self.send(503, b"")  # a moment's hiccup; the next poll gets the list
         elif self.path == "/v1/models":
             listing = {"object": "list", "data": [{"id": checkpoint, "object": "model"}]}
             self.send(200, b"<html>not vLLM</html>" if behaviour == "foreign" else json.dumps(listing).encode())
@@ -392,3 +397,22 @@ def test_a_prompt_rendered_differently_fails_though_the_answer_matches(zoo_model
     assert result.reason == "the served tokens differ from the offline engine's on: text (prompt)"
     text = next(a for a in result.answers if a.name == "text")
     assert text.served_tokens == text.offline_tokens and not text.same_prompt and not text.matches
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "reason"),
+    [
+        ("foreign", "/v1/models is not an OpenAI model list: '<html>not vLLM</html>'"),
+        ("offline-half-written", "WorkerDied: the chat run ended with an unreadable answer"),
+        ("models-late", None),
+    ],
+)
+def test_unreadable_answers_are_failures_with_a_message(zoo_model, fake_vllm, behaviour, reason):
+    """Something else on the port answering /v1/models with HTML, an offline answer file cut short:
+    failures that say so, not tracebacks; /v1/models not answering for a moment is not one."""
+    fake_vllm(behaviour)
+    result = check_served(zoo_model("tiny-qwen2.5-omni"), ready_timeout=30, request_timeout=30)
+    if reason is None:
+        assert result.status == "passed", result.reason
+    else:
+        assert result.status == "failed" and reason in result.reason, result.reason

@@ -250,6 +250,14 @@ def _get(url: str, timeout: float = 2.0) -> bytes | None:
         return None
 
 
+def _model_ids(listing: bytes) -> list | None:
+    """The model ids of an OpenAI /v1/models answer; None when it is not one."""
+    try:
+        return [entry.get("id") for entry in json.loads(listing).get("data", [])]
+    except (ValueError, AttributeError, TypeError):
+        return None
+
+
 def wait_ready(server: subprocess.Popen, port: int, model: str, log: Path, timeout: float) -> float:
     """Seconds until the server's /health answers; ServerFailed when it exits first, does not
     answer within ``timeout`` s, or something else answers on the port."""
@@ -258,9 +266,15 @@ def wait_ready(server: subprocess.Popen, port: int, model: str, log: Path, timeo
         code = server.poll()
         if code is not None:
             raise _exited(log, f"the vLLM server exited (code {code}) before it was ready")
-        if _get(f"http://127.0.0.1:{port}/health") is not None:
-            listing = _get(f"http://127.0.0.1:{port}/v1/models") or b"{}"
-            served = [entry.get("id") for entry in json.loads(listing).get("data", [])]
+        # /health answering and /v1/models not (for a moment): ask again.
+        healthy = _get(f"http://127.0.0.1:{port}/health") is not None
+        if healthy and (listing := _get(f"http://127.0.0.1:{port}/v1/models")) is not None:
+            served = _model_ids(listing)
+            if served is None:
+                raise ServerFailed(
+                    f"port {port} answers, but /v1/models is not an OpenAI model list: "
+                    f"{listing[:200].decode(errors='replace')!r}"
+                )
             if model not in served:
                 raise ServerFailed(f"port {port} answers, but not with this checkpoint (it serves {served})")
             return round(time.monotonic() - started, 1)
@@ -301,6 +315,7 @@ def _worker(python: Path, mode: str, request: dict, folder: Path, timeout: float
     """One run of vllm_worker.py MODE in the vLLM environment; its answer, or a failure dict."""
     (folder / f"{mode}-request.json").write_text(json.dumps(request))
     answer, log = folder / f"{mode}-answer.json", folder / f"{mode}.log"
+    answer.unlink(missing_ok=True)  # an earlier attempt's
     with open(log, "wb") as handle:
         try:
             subprocess.run(
@@ -314,10 +329,15 @@ def _worker(python: Path, mode: str, request: dict, folder: Path, timeout: float
         except subprocess.TimeoutExpired:
             return {"status": "error", "stage": mode, "error_type": "Timeout",
                     "message": f"the {mode} run did not finish in {timeout:.0f} s"}  # fmt: skip
-    if not answer.is_file():
+    try:
+        result = json.loads(answer.read_text()) if answer.is_file() else None
+    except (OSError, ValueError):
+        result = None
+    if not isinstance(result, dict):
+        what = "an unreadable answer" if answer.is_file() else "no answer"
         return {"status": "error", "stage": mode, "error_type": "WorkerDied",
-                "message": f"the {mode} run died without an answer:\n{log_tail(log)}"}  # fmt: skip
-    return json.loads(answer.read_text())
+                "message": f"the {mode} run ended with {what}:\n{log_tail(log)}"}  # fmt: skip
+    return result
 
 
 _VLLM_PREFIX = re.compile(r"^\(\w+ pid=\d+\)\s*(?:[A-Z]+ \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?")

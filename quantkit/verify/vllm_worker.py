@@ -271,8 +271,10 @@ def main() -> int:
     with open(request_path, encoding="utf-8") as handle:
         request = json.load(handle)
     answer = (mode or run)(request)
-    with open(answer_path, "w", encoding="utf-8") as handle:
+    partial = f"{answer_path}.part"  # the caller never reads a half-written answer
+    with open(partial, "w", encoding="utf-8") as handle:
         json.dump(answer, handle)
+    os.replace(partial, answer_path)
     return 0
 
 
