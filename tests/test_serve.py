@@ -416,3 +416,52 @@ def test_unreadable_answers_are_failures_with_a_message(zoo_model, fake_vllm, be
         assert result.status == "passed", result.reason
     else:
         assert result.status == "failed" and reason in result.reason, result.reason
+
+
+ANSWER = {"token_ids": [7, 4, 3], "prompt_token_ids": [1, 2, 3], "text": "a red sneaker"}
+
+
+@pytest.mark.parametrize(
+    ("served", "offline"),
+    [
+        (ANSWER, {**ANSWER, "token_ids": [7, 4, 9]}),  # a different token
+        (ANSWER, {**ANSWER, "prompt_token_ids": [1, 2]}),  # a different prompt
+        (ANSWER, None),  # the offline engine has no answer for the request
+        (ANSWER, {**ANSWER, "token_ids": []}),  # the offline engine generated nothing
+        ({**ANSWER, "token_ids": []}, {**ANSWER, "token_ids": []}),  # neither generated anything
+        ({**ANSWER, "prompt_token_ids": []}, {**ANSWER, "prompt_token_ids": []}),  # no prompt ids came
+    ],
+)
+def test_answers_that_are_not_the_offline_engines_fail_the_report(tmp_path, served, offline):
+    from quantkit.verify import VerifyReport
+    from quantkit.verify.audit import AuditResult
+    from quantkit.verify.serve import ServeCheck, _judge
+
+    outputs = {"text": offline} if offline is not None else {}
+    check = _judge(
+        ServeCheck(str(tmp_path), "failed"),
+        tmp_path,
+        {"status": "ok", "outputs": {"text": served}, "errors": {}},
+        {"status": "ok", "outputs": outputs},
+        "",
+    )
+    assert check.status == "failed" and "differ from the offline engine's on: text" in check.reason
+    assert not check.answers[0].matches
+    assert not VerifyReport(str(tmp_path), AuditResult(str(tmp_path), "test", None), serve=check).passed
+
+
+def test_the_offline_engines_answer_passes_the_report(tmp_path):
+    from quantkit.verify import VerifyReport
+    from quantkit.verify.audit import AuditResult
+    from quantkit.verify.serve import ServeCheck, _judge
+
+    served = {"status": "ok", "outputs": {"text": ANSWER}, "errors": {}}
+    check = _judge(
+        ServeCheck(str(tmp_path), "failed"),
+        tmp_path,
+        served,
+        {"status": "ok", "outputs": {"text": ANSWER}},
+        "",
+    )
+    assert check.status == "passed" and check.answers[0].matches and check.answers[0].same_prompt
+    assert VerifyReport(str(tmp_path), AuditResult(str(tmp_path), "test", None), serve=check).passed
