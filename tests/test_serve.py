@@ -465,3 +465,17 @@ def test_the_offline_engines_answer_passes_the_report(tmp_path):
     )
     assert check.status == "passed" and check.answers[0].matches and check.answers[0].same_prompt
     assert VerifyReport(str(tmp_path), AuditResult(str(tmp_path), "test", None), serve=check).passed
+
+
+def test_serve_without_a_vllm_environment_is_bad_input(zoo_model, tmp_path, monkeypatch):
+    """An explicit --serve that cannot run is refused (exit 2, how to make the environment), before
+    the audit: no verify.json, nothing in the card."""
+    checkpoint = zoo_model("tiny-qwen2.5-omni")
+    card = (checkpoint / "README.md").read_text() if (checkpoint / "README.md").exists() else None
+    monkeypatch.setenv("QUANTKIT_VLLM_PYTHON", str(tmp_path / "no-such-python"))
+    result = runner.invoke(app, ["verify", str(checkpoint), "--serve"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, output
+    assert "make vllm-env" in output and str(tmp_path / "no-such-python") in output
+    assert not (checkpoint / "verify.json").exists()
+    assert ((checkpoint / "README.md").read_text() if (checkpoint / "README.md").exists() else None) == card

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from quantkit.errors import InputError
 from quantkit.verify.vllm_check import (
+    REPO_VENV,
     WORKER,
     classify_failure,
     missing_kernel,
@@ -71,7 +72,7 @@ class ServedAnswer:
 @dataclass
 class ServeCheck:
     checkpoint: str
-    status: str  # passed | failed | skipped | unavailable
+    status: str  # passed | failed | skipped
     reason: str = ""
     answers: list[ServedAnswer] = field(default_factory=list)
     seconds: float = 0.0
@@ -105,6 +106,20 @@ def check_port(port: int) -> None:
                 f"port {port} on 127.0.0.1 is already taken ({err.strerror or err})",
                 hint="pass another --port, or leave it out for a free one",
             ) from err
+
+
+def serve_python() -> Path:
+    """The vLLM environment's interpreter; InputError when there is none (an explicit --serve
+    cannot be answered without it, unlike --vllm's 'unavailable')."""
+    python = vllm_python()
+    if python is None:
+        configured = os.environ.get("QUANTKIT_VLLM_PYTHON")
+        missing = f"$QUANTKIT_VLLM_PYTHON={configured}" if configured else str(REPO_VENV)
+        raise InputError(
+            f"--serve needs the vLLM environment, and {missing} does not exist",
+            hint="run `make vllm-env`",
+        )
+    return python
 
 
 def _data_url(path: Path, mime: str) -> str:
@@ -413,18 +428,16 @@ def check_served(
     """Serve ``checkpoint`` with ``vllm serve``, send one request per modality the model takes with
     the ``openai`` client, stop the server, and check vLLM's offline engine gives the same greedy
     tokens for the same messages. A scheme the local vLLM build has no kernel for is 'skipped'
-    with vLLM's reason (vllm_check's classification); bad input (no checkpoint, a taken port)
-    raises InputError before anything starts."""
+    with vLLM's reason (vllm_check's classification); bad input (no checkpoint, a taken port, no
+    vLLM environment) raises InputError before anything starts."""
     checkpoint = Path(checkpoint).resolve()
     if not (checkpoint / "config.json").is_file():
         raise InputError("not a checkpoint folder (no config.json)", path=checkpoint,
                          hint="pass the folder `quantkit quantize` wrote")  # fmt: skip
     if port is not None:
         check_port(port)
+    python = serve_python()
     started = time.time()
-    python = vllm_python()
-    if python is None:
-        return ServeCheck(str(checkpoint), "unavailable", "no vLLM environment: run `make vllm-env`")
 
     from quantkit.models.adapters import adapter_for
     from quantkit.models.inputs import processor_capabilities
