@@ -30,7 +30,7 @@ $(VLLM_STAMP): requirements-vllm.lock
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-vllm.lock
 	sed -i 's/^@torch.library.register_fake("torchvision::\(q\?nms\)")/@(torch.library.register_fake("torchvision::\1") if torchvision.extension._has_ops() else (lambda fn: fn))/' $(TV_META)
-	$(VLLM_VENV)/bin/python -c "import vllm, torchvision.transforms.v2"
+	$(VLLM_VENV)/bin/python -c "import vllm, torchvision.transforms.v2, av, openai"
 	touch $@
 
 # The whole pipeline on tiny-omni-skills (a tiny Qwen2.5-Omni thinker trained on synthetic tasks;

@@ -24,6 +24,17 @@ def verify(
     vllm: Annotated[
         bool, typer.Option("--vllm", help="Load and run the checkpoint in vLLM (make vllm-env).")
     ] = False,
+    serve: Annotated[
+        bool,
+        typer.Option(
+            "--serve",
+            help="Start `vllm serve` on the checkpoint (127.0.0.1), send a text, image, audio and video "
+            "request with the openai client and check the answers against vLLM's offline engine.",
+        ),
+    ] = False,
+    port: Annotated[
+        int | None, typer.Option(help="The --serve server's port on 127.0.0.1 (default: a free one).")
+    ] = None,
     num_samples: Annotated[int, typer.Option(help="Held-out samples for drift.")] = 16,
     max_kl: Annotated[float | None, typer.Option(help="Override the recipe's KL threshold.")] = None,
     min_top1: Annotated[
@@ -47,6 +58,12 @@ def verify(
     greedy agreement per modality and per task, judged by the recipe's thresholds. With --vllm:
     vLLM generates for a text prompt (and image / audio where the model takes them) and transformers
     must agree; a scheme the local vLLM backend has no kernel for is reported as skipped.
+    With --serve: `vllm serve` runs the checkpoint on 127.0.0.1 (a free port, or --port) in the
+    vLLM environment; one text, image, audio and video request (base64 data URLs) goes through
+    the openai client, greedy, and each answer must have the very tokens vLLM's offline engine
+    gives for the same messages (greedy decoding is deterministic, so identical token ids). The
+    server is stopped afterwards, on failure and on Ctrl-C too; the result also goes into the card.
+    A scheme the local vLLM build has no kernel for is skipped there too, with vLLM's reason.
 
     Exit code 0 when everything that ran passed, 1 when a check failed or the report could not
     be saved (a read-only checkpoint folder: the result is printed; pass --report PATH).
@@ -54,6 +71,8 @@ def verify(
     Example:
 
         quantkit verify out/omni-w4a16 --reference models/omni --calib calib --vllm
+
+        quantkit verify out/omni-fp8-dynamic --serve
     """
     from quantkit.verify import DriftThresholds, recipe_thresholds, verify_checkpoint
 
@@ -73,6 +92,8 @@ def verify(
         thresholds=thresholds,
         num_samples=num_samples,
         report_path=report_path,
+        serve=serve,
+        serve_port=port,
     )
     print_verify_report(report)
     if report.saved_to is not None:
@@ -94,6 +115,10 @@ def verify(
             path=checkpoint,
             hint="pass --report PATH to write it elsewhere",
         )
+
+
+def _colour(status: str) -> str:
+    return {"passed": "green", "skipped": "yellow", "unavailable": "yellow"}.get(status, "red")
 
 
 def _mark(passed: bool) -> str:
@@ -136,12 +161,27 @@ def print_verify_report(report) -> None:
             console.print(f"[red]threshold breached:[/] {breach}")
     if report.vllm is not None:
         check = report.vllm
-        colour = {"passed": "green", "skipped": "yellow", "unavailable": "yellow"}.get(check.status, "red")
+        colour = _colour(check.status)
         console.print(f"vLLM: [{colour}]{check.status}[/] {check.reason}".rstrip())
         for prompt in check.prompts:
             console.print(
                 f"  {prompt.name}: vLLM {prompt.vllm_tokens} / transformers {prompt.transformers_tokens}; "
                 f"worst log-prob gap {prompt.worst_logprob_gap:.3f}"
             )
+    if report.serve is not None:
+        print_serve_check(report.serve)
     for note in report.notes:
         console.print(f"[yellow]note:[/] {note}")
+
+
+def print_serve_check(check) -> None:
+    colour = _colour(check.status)
+    ready = f" (ready in {check.ready_seconds} s on port {check.port})" if check.ready_seconds else ""
+    console.print(f"vLLM server: [{colour}]{check.status}[/]{ready} {check.reason}".rstrip())
+    if check.answers:
+        table = Table("request", "served tokens", "offline tokens", "same", title="Served vs offline engine")
+        for answer in check.answers:
+            table.add_row(
+                answer.name, str(answer.served_tokens), str(answer.offline_tokens), _mark(answer.matches)
+            )
+        console.print(table)

@@ -12,15 +12,18 @@ from quantkit.errors import InputError
 from quantkit.fsutil import check_model_folder, check_writable, refuse_overlap, write_file_atomic
 from quantkit.verify.audit import FILES_CHECK, AuditResult, audit_checkpoint
 from quantkit.verify.drift import DriftReport, DriftThresholds, measure_drift
+from quantkit.verify.serve import ServeCheck, check_port, check_served
 from quantkit.verify.vllm_check import VllmCheck, check_with_vllm
 
 __all__ = [
     "AuditResult",
     "DriftReport",
     "DriftThresholds",
+    "ServeCheck",
     "VerifyReport",
     "VllmCheck",
     "audit_checkpoint",
+    "check_served",
     "check_with_vllm",
     "measure_drift",
     "recipe_thresholds",
@@ -36,6 +39,7 @@ class VerifyReport:
     audit: AuditResult
     drift: DriftReport | None = None
     vllm: VllmCheck | None = None
+    serve: ServeCheck | None = None  # --serve: vLLM's OpenAI server against its offline engine
     notes: list[str] = field(default_factory=list)
     saved_to: Path | None = None  # where the report was written; None when it was not
     not_saved: str | None = None  # why it could not be written (a read-only checkpoint folder)
@@ -47,6 +51,7 @@ class VerifyReport:
             self.audit.passed
             and (self.drift is None or self.drift.passed)
             and (self.vllm is None or self.vllm.status != "failed")
+            and (self.serve is None or self.serve.status != "failed")
         )
 
     def to_dict(self) -> dict:
@@ -56,6 +61,7 @@ class VerifyReport:
             "audit": self.audit.to_dict(),
             "drift": self.drift.to_dict() if self.drift else None,
             "vllm": self.vllm.to_dict() if self.vllm else None,
+            "serve": self.serve.to_dict() if self.serve else None,
             "notes": self.notes,
         }
 
@@ -82,6 +88,8 @@ def verify_checkpoint(
     report_path: Path | None = None,
     exclude_ids: set[str] | None = None,
     drift_stratify_by: str = "stratum",
+    serve: bool = False,
+    serve_port: int | None = None,
 ) -> VerifyReport:
     """Audit ``checkpoint``; with ``reference`` and ``calib`` measure drift; with ``vllm`` run it in vLLM.
 
@@ -91,6 +99,9 @@ def verify_checkpoint(
     ``exclude_ids``: sample ids drift must not use (default: those the checkpoint calibrated on);
     ``drift_stratify_by``: the row field whose proportions the drift samples keep (``task``: every
     task measured while ``num_samples`` allows, as the build's accuracy gate needs).
+    ``serve``: vLLM's OpenAI-compatible server answers one request per modality through the
+    ``openai`` client, checked against vLLM's offline engine (quantkit.verify.serve), on
+    ``serve_port`` (default: a free one); the result also goes into the card (README.md).
     """
     checkpoint = Path(checkpoint)
     if not checkpoint.is_dir():
@@ -102,6 +113,10 @@ def verify_checkpoint(
         raise InputError("not a checkpoint folder (no config.json)", path=checkpoint)
     if (reference is None) != (calib is None):
         raise InputError("drift needs both --reference and --calib")
+    if serve_port is not None:
+        if not serve:
+            raise InputError("--port is the --serve check's port", hint="add --serve, or drop --port")
+        check_port(serve_port)
     target = Path(report_path) if report_path is not None else checkpoint / VERIFY_FILE
     refuse_overlap(
         target,
@@ -115,9 +130,9 @@ def verify_checkpoint(
         check_model_folder(reference, what="reference model folder")
     report = VerifyReport(str(checkpoint), audit_checkpoint(checkpoint))
     damaged = any(c.name == FILES_CHECK and not c.passed for c in report.audit.checks)
-    if damaged and (reference is not None or vllm):
+    if damaged and (reference is not None or vllm or serve):
         report.notes.append("drift and vLLM checks not run: the checkpoint's weight files are damaged")
-        reference = vllm = None
+        reference = vllm = serve = None
     if reference is not None:
         limits = thresholds or recipe_thresholds(checkpoint)
         if limits is None:
@@ -135,6 +150,8 @@ def verify_checkpoint(
         )
     if vllm:
         report.vllm = check_with_vllm(checkpoint)
+    if serve:
+        report.serve = check_served(checkpoint, port=serve_port)
     if write:
         try:
             if report_path is not None:
@@ -143,4 +160,11 @@ def verify_checkpoint(
             report.saved_to = target
         except OSError as err:
             report.not_saved = f"{target}: {err.strerror or err}"
+        if report.serve is not None and report.saved_to is not None and report_path is None:
+            from quantkit.verify.serve import write_card_section
+
+            try:
+                write_card_section(checkpoint, report.serve)
+            except OSError as err:
+                report.notes.append(f"the card's serve section could not be written: {err.strerror or err}")
     return report
