@@ -16,6 +16,7 @@ The machine's load average before and after goes with the figures (three enginee
 are noisy: compare rows of one run, not runs of different days).
 
 Run: python bench/startup.py [--repeats 3] [--quick] [--json FILE] [--results bench/RESULTS.md]
+[--code DIR] (``--code``: another checkout's quantkit, e.g. main before a change, on the same configs)
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ REAL = ("Qwen2.5-Omni-7B", "Qwen3-Omni-30B-A3B", "Qwen3-VL-8B", "Qwen2.5-VL-72B"
 def commands(work: Path, quick: bool) -> list[tuple[str, list[str]]]:
     cli = ["-m", "quantkit"]
     rows = [("python -c pass", ["-c", "pass"]), ("quantkit --help", [*cli, "--help"])]
-    rows += [(f"quantkit {name} --help", [*cli, name, "--help"]) for name in HELP_COMMANDS[: 1 if quick else None]]
+    rows += [
+        (f"quantkit {name} --help", [*cli, name, "--help"]) for name in HELP_COMMANDS[: 1 if quick else None]
+    ]
     for name in REAL[1:2] if quick else REAL:
         folder = ROOT / "bench" / "configs" / name
         output = work / name
@@ -55,12 +58,12 @@ def commands(work: Path, quick: bool) -> list[tuple[str, list[str]]]:
     return rows
 
 
-def timed(args: list[str]) -> dict:
+def timed(args: list[str], code: Path = ROOT) -> dict:
     """One fresh interpreter: its CPU seconds (user + sys) and wall seconds."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, env=child_env(), cwd=ROOT, check=False
+        [sys.executable, *args], capture_output=True, text=True, env=child_env(code), cwd=ROOT, check=False
     )
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -73,13 +76,13 @@ def timed(args: list[str]) -> dict:
     }
 
 
-def heavy_imports(args: list[str]) -> list[str]:
+def heavy_imports(args: list[str], code: Path = ROOT) -> list[str]:
     """The heavy libraries a command imports (from ``-X importtime``'s report on stderr)."""
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", *args],
         capture_output=True,
         text=True,
-        env=child_env(),
+        env=child_env(code),
         cwd=ROOT,
         check=False,
     )
@@ -96,12 +99,12 @@ def load() -> str:
     return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
-def run(repeats: int, quick: bool) -> dict:
+def run(repeats: int, quick: bool, code: Path = ROOT) -> dict:
     load_before = load()
     rows = []
     with tempfile.TemporaryDirectory(prefix="qk-startup-") as tmp:
         for label, args in commands(Path(tmp), quick):
-            runs = [timed(args) for _ in range(repeats)]
+            runs = [timed(args, code) for _ in range(repeats)]
             cpu = [r["user_s"] + r["sys_s"] for r in runs]
             row = {
                 "command": label,
@@ -109,7 +112,7 @@ def run(repeats: int, quick: bool) -> dict:
                 "cpu_min_s": round(min(cpu), 2),
                 "cpu_max_s": round(max(cpu), 2),
                 "wall_s": round(median(r["wall_s"] for r in runs), 2),
-                "imports": heavy_imports(args),
+                "imports": heavy_imports(args, code),
             }
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -139,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one repeat, one help and one dry run")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON")
     parser.add_argument("--results", type=Path, help="write the table as a section of this RESULTS.md")
+    parser.add_argument("--code", type=Path, default=ROOT, help="measure the quantkit of another checkout")
     args = parser.parse_args(argv)
-    result = run(1 if args.quick else args.repeats, args.quick)
+    result = run(1 if args.quick else args.repeats, args.quick, args.code)
     text = report(result)
     print(text)
     if args.json:

@@ -61,7 +61,9 @@ def unfuse_experts_on_meta(model: torch.nn.Module) -> None:
     first_of_class: dict[type, torch.nn.Module] = {}
     for _, module in model.named_modules():
         first_of_class.setdefault(type(module), module)
-    if not any(isinstance(getattr(m, "down_proj", None), torch.nn.Parameter) for m in first_of_class.values()):
+    if not any(
+        isinstance(getattr(m, "down_proj", None), torch.nn.Parameter) for m in first_of_class.values()
+    ):
         return
     from llmcompressor.modeling.moe.helpers import FusedExpertsProtocol
     from llmcompressor.modeling.moe.linear_experts import LinearExperts2D
