@@ -74,10 +74,12 @@ test: install vllm-env
 # it (quantkit's source, the recipe, the bench's measuring code, library versions) and the commit:
 # a run is reused only while its key matches, so a change to the quantize path re-measures it.
 # GPU serving speed: bench/gpu_vllm.py. The mixed-precision comparison: make bench-real.
+# bench/startup.py (~5 min): CPU time of --help and of quantize --dry-run on the real configs.
 BENCH_WORK ?= /tmp/quantkit-bench
 BENCH_CORE := rtn-g64,quantkit-w4a16,quantkit-fp8-dynamic,quantkit-fp8,quantkit-w8a8-sq-gptq
 bench: install
 	$(BIN)/python bench/run_all.py
+	$(BIN)/python bench/startup.py --results bench/RESULTS.md
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/mixed_precision.py --runs $(BENCH_CORE) --work $(BENCH_WORK) \
 		--harness-limit 0 --skip-if-missing --results bench/real_weights.json --write-results bench/RESULTS.md
 

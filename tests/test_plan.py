@@ -287,3 +287,41 @@ def test_a_fixed_block_width_that_does_not_divide_a_layer_is_refused_from_the_co
     assert result.exit_code == 2, result.output
     assert "128x128 blocks" in result.output and not (tmp_path / "o").exists()
     assert not (tmp_path / "o.plan.json").exists()
+
+
+def test_the_precision_guard_matches_config_groups_as_compressed_tensors_does(zoo_model):
+    """The guard's matcher (patterns compiled once) gives every Linear of a MoE the config group
+    compressed-tensors' ``match_name`` gives it: the first name or ``re:`` target in order, then
+    the class name "Linear"."""
+    from compressed_tensors.utils.match import match_name
+
+    from quantkit.precision.mixed import scheme_matcher
+    from quantkit.quantize.run import unfuse_experts_on_meta
+    from quantkit.quantize.targets import resolve_targets
+
+    folder = zoo_model("tiny-qwen3-omni-moe")
+    result = plan(folder, get_recipe("w4a16"), [], host_memory=0)
+    adapter = adapter_for(folder)
+    model = adapter.meta_model(folder)
+    unfuse_experts_on_meta(model)
+    names = resolve_targets(model, adapter).quantize
+    expert_patterns = result.precision["symmetric_patterns"]
+    assert expert_patterns and any(".experts." in name for name in names)
+    targets = [
+        (names[0], "exact"),
+        ("re:.*down_proj$", "down"),  # before the expert patterns: first match in order wins
+        *((pattern, f"expert {i}") for i, pattern in enumerate(expert_patterns)),
+        ("Linear", "class"),
+    ]
+
+    def library(name: str) -> str | None:
+        for target, index in targets:
+            if target != "Linear" and match_name(name, target):
+                return index
+        return next(index for target, index in targets if target == "Linear")
+
+    scheme = scheme_matcher(targets)
+    given = {name: scheme(name) for name in names}
+    assert given == {name: library(name) for name in names}
+    assert {"exact", "down", "expert 0", "class"} <= set(given.values())
+    assert scheme_matcher(targets[:-1])("not.a.layer") is None

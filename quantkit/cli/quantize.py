@@ -190,7 +190,6 @@ def quantize(
     from quantkit.models.adapters import adapter_for
     from quantkit.quantize import plan as make_plan
     from quantkit.quantize import quantize as run_quantize
-    from quantkit.quantize.calibration_set import model_media_kinds, samples_from_set
     from quantkit.quantize.distributed import launched_by_torchrun, relaunch_command
     from quantkit.quantize.run import with_options
     from quantkit.recipes import resolve_recipe
@@ -220,6 +219,8 @@ def quantize(
         )
     drawn = None
     if calib is not None and chosen.needs_data:
+        from quantkit.quantize.calibration_set import model_media_kinds, samples_from_set
+
         kinds = model_media_kinds(resolved_adapter, model)
         drawn = samples_from_set(calib, model_kinds=kinds, num_samples=num_samples, seed=seed)
     samples = drawn.samples if drawn else []

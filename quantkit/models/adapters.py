@@ -319,14 +319,16 @@ class Adapter(BaseModel):
         return model.eval()
 
     def meta_model(self, model_dir: Path) -> torch.nn.Module:
-        """The model's module tree on the ``meta`` device: no weights read, no memory used."""
+        """The model's module tree on the ``meta`` device: no weights read, no memory used (the
+        init functions skipped, transformers' own switch: meta tensors hold no values to set)."""
         from transformers import AutoConfig
+        from transformers.initialization import no_init_weights
 
         if self.is_wrapped(model_dir):
-            with torch.device("meta"):
+            with torch.device("meta"), no_init_weights():
                 return self._auto().from_config(self._inner_config(model_dir))
         config = AutoConfig.from_pretrained(model_dir, trust_remote_code=self.trust_remote_code)
-        with torch.device("meta"):
+        with torch.device("meta"), no_init_weights():
             return self._auto().from_config(config, trust_remote_code=self.trust_remote_code)
 
     def load_processor(self, model_dir: Path):

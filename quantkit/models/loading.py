@@ -54,13 +54,20 @@ def unfuse_experts(model: torch.nn.Module) -> None:
 def unfuse_experts_on_meta(model: torch.nn.Module) -> None:
     """The same module tree as :func:`unfuse_experts`, built on the meta device (no copy).
     The library's expert check reads each module's class source; it runs once per class here
-    (48 MoE layers of one class: one check, not 48)."""
-    from llmcompressor.modeling.moe.helpers import FusedExpertsProtocol
-    from llmcompressor.modeling.moe.linear_experts import LinearExperts2D
-
+    (48 MoE layers of one class: one check, not 48). A tree where no class holds a fused
+    ``down_proj`` Parameter (what the library's protocol and both of its registered expert
+    classes, GPT-OSS and Llama 4, hold) has nothing to unfuse: llmcompressor (1-1.5 s to import,
+    the datasets stack with it) is not imported for it."""
     first_of_class: dict[type, torch.nn.Module] = {}
     for _, module in model.named_modules():
         first_of_class.setdefault(type(module), module)
+    if not any(
+        isinstance(getattr(m, "down_proj", None), torch.nn.Parameter) for m in first_of_class.values()
+    ):
+        return
+    from llmcompressor.modeling.moe.helpers import FusedExpertsProtocol
+    from llmcompressor.modeling.moe.linear_experts import LinearExperts2D
+
     fused = {  # the rule of llmcompressor's get_non_linearized_moes, applied per class
         cls: LinearExperts2D.get_linear_experts_cls(cls)
         for cls, module in first_of_class.items()

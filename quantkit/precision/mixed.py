@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -542,18 +543,31 @@ def unit_patterns(chosen: list[str], units: dict[str, list[str]], root: str) -> 
     return patterns
 
 
-def _scheme_index(name: str, targets_in_order: list[tuple[str, str]]) -> str | None:
+def scheme_matcher(targets_in_order: list[tuple[str, str]]) -> Callable[[str], str | None]:
     """Which config group a Linear called ``name`` gets: a name (or regex) match first, then the
-    class name "Linear", as compressed-tensors' match_targets and vLLM's find_matched_target do."""
-    from compressed_tensors.utils.match import match_name
+    class name "Linear", as compressed-tensors' match_targets and vLLM's find_matched_target do
+    (compressed-tensors' ``match_name``: a ``re:`` target by ``re.match``, any other by equality).
+    The patterns are compiled once: the guard asks for each of a 30B MoE's 18,624 targeted
+    Linears against its 48 expert patterns."""
+    named = [
+        (
+            re.compile(target.removeprefix("re:")).match
+            if target.startswith("re:")
+            else re.compile(re.escape(target)).fullmatch,
+            index,
+        )
+        for target, index in targets_in_order
+        if target != "Linear"
+    ]
+    by_class = next((index for target, index in targets_in_order if target == "Linear"), None)
 
-    for target, index in targets_in_order:
-        if target != "Linear" and match_name(name, target):
-            return index
-    for target, index in targets_in_order:
-        if target == "Linear":
-            return index
-    return None
+    def scheme(name: str) -> str | None:
+        for matches, index in named:
+            if matches(name) is not None:
+                return index
+        return by_class
+
+    return scheme
 
 
 def planned_scheme(plan: PrecisionPlan, name: str) -> str:
@@ -572,9 +586,8 @@ def check_precision_plan(plan: PrecisionPlan, names: list[str]) -> None:
     if plan.group_size is not None:
         targets.append(("Linear", low))
     problems = []
-    given = {
-        name: _scheme_index(name, targets) for name in {*names, *(n for u in plan.units for n in u.layers)}
-    }
+    scheme = scheme_matcher(targets)
+    given = {name: scheme(name) for name in {*names, *(n for u in plan.units for n in u.layers)}}
     for name in names:
         got = given[name]
         expected = planned_scheme(plan, name)
