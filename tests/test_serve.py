@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from quantkit.cli import app
 from quantkit.verify.serve import check_served, group_alive
-from quantkit.verify.vllm_check import vllm_python
+from quantkit.verify.vllm_check import REPO_VENV, vllm_python
 
 runner = CliRunner()
 
@@ -71,6 +71,7 @@ def test_served_answers_match_the_offline_engine_for_every_modality(omni_fp8):
     for name, answer in answers.items():
         assert answer["served_tokens"], name  # the server generated something for each request
         assert answer["served_tokens"] == answer["offline_tokens"], name
+        assert answer["served_prompt_tokens"] and answer["same_prompt"], name
         assert answer["served_text"] == answer["offline_text"], name
     assert "same tokens" in (omni_fp8 / "README.md").read_text()
     assert "Served vs offline engine" in result.output
@@ -180,3 +181,301 @@ def test_missing_kernel_is_skipped_with_vllms_reason(zoo_model, tmp_path, monkey
     assert result.reason.startswith(
         f"vLLM's local backend has no kernel for NVFP4A16 (serve): ServerFailed: {kernel}"
     )
+
+
+KERNEL_LINE = "NotImplementedError: _C::static_scaled_fp8_quant() -> () has no CPU kernel"
+
+# A stand-in `vllm serve` and offline engine (run by this interpreter): an OpenAI-style chat server on
+# the --port it is given, answering each request with token ids made from the request's modality,
+# and an offline "engine" giving the same ids. $FAKE_VLLM picks a misbehaviour.
+FAKE_VLLM = r"""
+import http.server, json, os, sys, time
+
+behaviour = os.environ.get("FAKE_VLLM", "ok")
+mode = sys.argv[3]  # argv: -P WORKER MODE ...
+
+
+def tokens(name):
+    return {"token_ids": [7, len(name), 3], "prompt_token_ids": [1, 2, 3, len(name)],
+            "text": name + " answer", "finish_reason": "length"}
+
+
+if mode == "chat":
+    request = json.load(open(sys.argv[4]))
+    outputs = {item["name"]: tokens(item["name"]) for item in request["requests"]}
+    if behaviour == "offline-prompt-differs":
+        outputs["text"]["prompt_token_ids"] = [1, 2, 3, 5]
+    answer = json.dumps({"status": "ok", "outputs": outputs})
+    with open(sys.argv[5], "w") as handle:
+        handle.write(answer[:20] if behaviour == "offline-half-written" else answer)
+    sys.exit(0)
+
+args = sys.argv[4:]
+checkpoint, port = args[0], int(args[args.index("--port") + 1])
+LATE = os.environ["FAKE_VLLM_STARTS"] + ".late"
+starts = os.environ.get("FAKE_VLLM_STARTS")
+if starts:
+    with open(starts, "a") as handle:
+        handle.write(f"{port}\n")
+    first = len(open(starts).read().split()) == 1
+if behaviour == "port-taken" or (behaviour == "port-taken-once" and first):
+    print("OSError: [Errno 98] Address already in use", flush=True)
+    sys.exit(1)
+if behaviour == "kernel-line-then-hang":
+    print("(EngineCore pid=11) ERROR 12-01 18:59:58 [core.py:1] " + os.environ["KERNEL_LINE"], flush=True)
+    time.sleep(300)
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def send(self, code, body):
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path == "/health":
+            self.send(200, b"")
+        elif self.path == "/v1/models" and behaviour == "models-late" and not os.path.exists(LATE):
+            open(LATE, "w").close()
+            self.send(503, b"")  # a moment's hiccup; the next poll gets the list
+        elif self.path == "/v1/models":
+            listing = {"object": "list", "data": [{"id": checkpoint, "object": "model"}]}
+            self.send(200, b"<html>not vLLM</html>" if behaviour == "foreign" else json.dumps(listing).encode())
+        else:
+            self.send(404, b"{}")
+
+    def do_POST(self):
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        content = request["messages"][0]["content"]
+        name = "text" if isinstance(content, str) else content[0]["type"].split("_")[0]
+        if behaviour in ("kernel-line-500", "kernel-line-400"):
+            print("(EngineCore pid=11) ERROR 12-01 18:59:58 [core.py:1] " + os.environ["KERNEL_LINE"], flush=True)
+            code = 500 if behaviour == "kernel-line-500" else 400
+            error = {"error": {"message": "the engine failed", "type": "Error", "code": code}}
+            return self.send(code, json.dumps(error).encode())
+        answer = tokens(name)
+        choice = {"index": 0, "message": {"role": "assistant", "content": answer["text"]},
+                  "finish_reason": "length", "token_ids": answer["token_ids"]}
+        body = {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": checkpoint,
+                "choices": [choice], "prompt_token_ids": answer["prompt_token_ids"],
+                "usage": {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}}
+        self.send(200, json.dumps(body).encode())
+
+    def log_message(self, *args):
+        pass
+
+
+http.server.ThreadingHTTPServer.allow_reuse_address = True
+http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+@pytest.fixture
+def fake_vllm(tmp_path, monkeypatch):
+    """QUANTKIT_VLLM_PYTHON pointing at the stand-in above; the client worker runs for real (the
+    `openai` client lives in the vLLM environment). Returns a setter for $FAKE_VLLM."""
+    import sys
+
+    if not REPO_VENV.exists():
+        pytest.skip("no vLLM environment (make vllm-env): the openai client lives there")
+    (tmp_path / "fake_vllm.py").write_text(FAKE_VLLM)
+    stand_in_interpreter(
+        tmp_path,
+        f'if [ "$3" = client ]; then exec {REPO_VENV} "$@"; fi\n'
+        f'exec {sys.executable} {tmp_path / "fake_vllm.py"} "$@"\n',
+        monkeypatch,
+    )
+    monkeypatch.setenv("KERNEL_LINE", KERNEL_LINE)
+    monkeypatch.setenv("FAKE_VLLM_STARTS", str(tmp_path / "starts"))
+    return lambda behaviour: monkeypatch.setenv("FAKE_VLLM", behaviour)
+
+
+def test_loopback_requests_bypass_a_proxy(zoo_model, fake_vllm, monkeypatch):
+    """http(s)_proxy set (to a port nothing listens on), no no_proxy: quantkit's readiness poll and
+    the openai client still reach the server on 127.0.0.1 directly."""
+    from quantkit.verify.serve import free_port
+
+    proxy = f"http://127.0.0.1:{free_port()}"
+    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(name, proxy)
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    fake_vllm("ok")
+    result = check_served(zoo_model("tiny-qwen2.5-omni"), ready_timeout=8, request_timeout=30)
+    assert result.status == "passed", result.reason
+    assert {a.name for a in result.answers} == {"text", "image", "audio", "video"}
+
+
+@pytest.mark.parametrize("mode", ["chat", "client"])
+def test_workers_die_with_their_parent(tmp_path, mode):
+    """The offline `chat` run and the `client` run die when the process that started them is
+    killed (SIGKILL: no handler runs), as the server does: each is blocked here on its request (a
+    FIFO nothing writes), so only the kernel's parent-death signal can end it."""
+    import subprocess
+    import sys
+    import time
+
+    from quantkit.verify.vllm_check import WORKER
+
+    request = tmp_path / "request.json"
+    os.mkfifo(request)
+    parent = subprocess.Popen(
+        [sys.executable, "-c",
+         "import os, subprocess, sys, time\n"
+         "env = {**os.environ, 'QUANTKIT_PARENT_PID': str(os.getpid())}\n"
+         f"worker = subprocess.Popen([sys.executable, '-P', {str(WORKER)!r}, {mode!r}, {str(request)!r},"
+         f" {str(tmp_path / 'answer.json')!r}], env=env)\n"
+         "print(worker.pid, flush=True)\n"
+         "time.sleep(300)\n"],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    worker = int(parent.stdout.readline())
+    time.sleep(1.0)  # the worker reaches its main() and blocks on the request
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and running(worker):
+        time.sleep(0.2)
+    alive = running(worker)
+    if alive:  # not left behind by a failing test
+        os.kill(worker, signal.SIGKILL)
+    assert not alive, f"the {mode} worker outlived its parent"
+
+
+def running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_automatic_port_taken_before_the_server_binds_it_is_retried_once(zoo_model, fake_vllm, tmp_path):
+    """The free port quantkit picked is gone by the time the server binds it ("Address already in
+    use"): a second server on another free port answers."""
+    fake_vllm("port-taken-once")
+    result = check_served(zoo_model("tiny-qwen2.5-omni"), ready_timeout=30, request_timeout=30)
+    assert result.status == "passed", result.reason
+    first, second = (int(port) for port in (tmp_path / "starts").read_text().split())
+    assert first != second and result.port == second
+
+
+def test_chosen_port_taken_when_the_server_binds_it_is_bad_input(zoo_model, fake_vllm):
+    from quantkit.errors import InputError
+    from quantkit.verify.serve import free_port
+
+    fake_vllm("port-taken")
+    port = free_port()
+    with pytest.raises(InputError) as refused:
+        check_served(zoo_model("tiny-qwen2.5-omni"), port=port, ready_timeout=30)
+    assert f"port {port}" in str(refused.value) and "--port" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "status"),
+    [("kernel-line-then-hang", "failed"), ("kernel-line-400", "failed"), ("kernel-line-500", "skipped")],
+)
+def test_a_kernel_line_in_the_log_skips_only_a_crash(zoo_model, fake_vllm, behaviour, status):
+    """The server's log names a missing kernel: a server that never gets ready, or a request it
+    refuses (400), is still a failure; only a request it fails with HTTP 500 (or a server that
+    exits, test_missing_kernel_is_skipped_with_vllms_reason) is skipped, on that one line."""
+    fake_vllm(behaviour)
+    result = check_served(zoo_model("tiny-qwen2.5-omni"), ready_timeout=5, request_timeout=30)
+    assert result.status == status, result.reason
+    if status == "skipped":
+        assert result.reason.endswith(f"(text request): InternalServerError: {KERNEL_LINE}"), result.reason
+
+
+def test_a_prompt_rendered_differently_fails_though_the_answer_matches(zoo_model, fake_vllm):
+    """Same 3 answer tokens, but the server rendered the text prompt to other token ids than the
+    offline engine (a template or media difference a few output tokens can hide): failed."""
+    fake_vllm("offline-prompt-differs")
+    result = check_served(zoo_model("tiny-qwen2.5-omni"), ready_timeout=30, request_timeout=30)
+    assert result.status == "failed"
+    assert result.reason == "the served tokens differ from the offline engine's on: text (prompt)"
+    text = next(a for a in result.answers if a.name == "text")
+    assert text.served_tokens == text.offline_tokens and not text.same_prompt and not text.matches
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "reason"),
+    [
+        ("foreign", "/v1/models is not an OpenAI model list: '<html>not vLLM</html>'"),
+        ("offline-half-written", "WorkerDied: the chat run ended with an unreadable answer"),
+        ("models-late", None),
+    ],
+)
+def test_unreadable_answers_are_failures_with_a_message(zoo_model, fake_vllm, behaviour, reason):
+    """Something else on the port answering /v1/models with HTML, an offline answer file cut short:
+    failures that say so, not tracebacks; /v1/models not answering for a moment is not one."""
+    fake_vllm(behaviour)
+    result = check_served(zoo_model("tiny-qwen2.5-omni"), ready_timeout=30, request_timeout=30)
+    if reason is None:
+        assert result.status == "passed", result.reason
+    else:
+        assert result.status == "failed" and reason in result.reason, result.reason
+
+
+ANSWER = {"token_ids": [7, 4, 3], "prompt_token_ids": [1, 2, 3], "text": "a red sneaker"}
+
+
+@pytest.mark.parametrize(
+    ("served", "offline"),
+    [
+        (ANSWER, {**ANSWER, "token_ids": [7, 4, 9]}),  # a different token
+        (ANSWER, {**ANSWER, "prompt_token_ids": [1, 2]}),  # a different prompt
+        (ANSWER, None),  # the offline engine has no answer for the request
+        (ANSWER, {**ANSWER, "token_ids": []}),  # the offline engine generated nothing
+        ({**ANSWER, "token_ids": []}, {**ANSWER, "token_ids": []}),  # neither generated anything
+        ({**ANSWER, "prompt_token_ids": []}, {**ANSWER, "prompt_token_ids": []}),  # no prompt ids came
+    ],
+)
+def test_answers_that_are_not_the_offline_engines_fail_the_report(tmp_path, served, offline):
+    from quantkit.verify import VerifyReport
+    from quantkit.verify.audit import AuditResult
+    from quantkit.verify.serve import ServeCheck, _judge
+
+    outputs = {"text": offline} if offline is not None else {}
+    check = _judge(
+        ServeCheck(str(tmp_path), "failed"),
+        tmp_path,
+        {"status": "ok", "outputs": {"text": served}, "errors": {}},
+        {"status": "ok", "outputs": outputs},
+        "",
+    )
+    assert check.status == "failed" and "differ from the offline engine's on: text" in check.reason
+    assert not check.answers[0].matches
+    assert not VerifyReport(str(tmp_path), AuditResult(str(tmp_path), "test", None), serve=check).passed
+
+
+def test_the_offline_engines_answer_passes_the_report(tmp_path):
+    from quantkit.verify import VerifyReport
+    from quantkit.verify.audit import AuditResult
+    from quantkit.verify.serve import ServeCheck, _judge
+
+    served = {"status": "ok", "outputs": {"text": ANSWER}, "errors": {}}
+    check = _judge(
+        ServeCheck(str(tmp_path), "failed"),
+        tmp_path,
+        served,
+        {"status": "ok", "outputs": {"text": ANSWER}},
+        "",
+    )
+    assert check.status == "passed" and check.answers[0].matches and check.answers[0].same_prompt
+    assert VerifyReport(str(tmp_path), AuditResult(str(tmp_path), "test", None), serve=check).passed
+
+
+def test_serve_without_a_vllm_environment_is_bad_input(zoo_model, tmp_path, monkeypatch):
+    """An explicit --serve that cannot run is refused (exit 2, how to make the environment), before
+    the audit: no verify.json, nothing in the card."""
+    checkpoint = zoo_model("tiny-qwen2.5-omni")
+    card = (checkpoint / "README.md").read_text() if (checkpoint / "README.md").exists() else None
+    monkeypatch.setenv("QUANTKIT_VLLM_PYTHON", str(tmp_path / "no-such-python"))
+    result = runner.invoke(app, ["verify", str(checkpoint), "--serve"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2, output
+    assert "make vllm-env" in output and str(tmp_path / "no-such-python") in output
+    assert not (checkpoint / "verify.json").exists()
+    assert ((checkpoint / "README.md").read_text() if (checkpoint / "README.md").exists() else None) == card

@@ -60,10 +60,11 @@ def verify(
     must agree; a scheme the local vLLM backend has no kernel for is reported as skipped.
     With --serve: `vllm serve` runs the checkpoint on 127.0.0.1 (a free port, or --port) in the
     vLLM environment; one text, image, audio and video request (base64 data URLs) goes through
-    the openai client, greedy, and each answer must have the very tokens vLLM's offline engine
-    gives for the same messages (greedy decoding is deterministic, so identical token ids). The
-    server is stopped afterwards, on failure and on Ctrl-C too; the result also goes into the card.
-    A scheme the local vLLM build has no kernel for is skipped there too, with vLLM's reason.
+    the openai client, greedy, and each answer (and its prompt, as the server rendered it) must
+    have the very token ids vLLM's offline engine gives for the same messages (greedy decoding is
+    deterministic). The server is stopped afterwards, on failure and on Ctrl-C too; the result also
+    goes into the card. A scheme the local vLLM build has no kernel for is skipped there too, with
+    vLLM's reason. --serve needs the vLLM environment (make vllm-env): without it, exit code 2.
 
     Exit code 0 when everything that ran passed, 1 when a check failed or the report could not
     be saved (a read-only checkpoint folder: the result is printed; pass --report PATH).
@@ -179,9 +180,17 @@ def print_serve_check(check) -> None:
     ready = f" (ready in {check.ready_seconds} s on port {check.port})" if check.ready_seconds else ""
     console.print(f"vLLM server: [{colour}]{check.status}[/]{ready} {check.reason}".rstrip())
     if check.answers:
-        table = Table("request", "served tokens", "offline tokens", "same", title="Served vs offline engine")
+        table = Table(
+            "request", "prompt tokens", "same prompt", "served tokens", "offline tokens", "same",
+            title="Served vs offline engine",
+        )  # fmt: skip
         for answer in check.answers:
             table.add_row(
-                answer.name, str(answer.served_tokens), str(answer.offline_tokens), _mark(answer.matches)
+                answer.name,
+                str(answer.served_prompt_tokens),
+                _mark(answer.same_prompt),
+                str(answer.served_tokens),
+                str(answer.offline_tokens),
+                _mark(answer.matches),
             )
         console.print(table)

@@ -12,7 +12,7 @@ from quantkit.errors import InputError
 from quantkit.fsutil import check_model_folder, check_writable, refuse_overlap, write_file_atomic
 from quantkit.verify.audit import FILES_CHECK, AuditResult, audit_checkpoint
 from quantkit.verify.drift import DriftReport, DriftThresholds, measure_drift
-from quantkit.verify.serve import ServeCheck, check_port, check_served
+from quantkit.verify.serve import ServeCheck, check_port, check_served, serve_python
 from quantkit.verify.vllm_check import VllmCheck, check_with_vllm
 
 __all__ = [
@@ -117,6 +117,8 @@ def verify_checkpoint(
         if not serve:
             raise InputError("--port is the --serve check's port", hint="add --serve, or drop --port")
         check_port(serve_port)
+    if serve:
+        serve_python()  # no vLLM environment: bad input, before the audit and drift
     target = Path(report_path) if report_path is not None else checkpoint / VERIFY_FILE
     refuse_overlap(
         target,
@@ -160,7 +162,8 @@ def verify_checkpoint(
             report.saved_to = target
         except OSError as err:
             report.not_saved = f"{target}: {err.strerror or err}"
-        if report.serve is not None and report.saved_to is not None and report_path is None:
+        served = report.serve is not None and report.serve.status != "unavailable"
+        if served and report.saved_to is not None and report_path is None:
             from quantkit.verify.serve import write_card_section
 
             try:

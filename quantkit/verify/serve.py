@@ -34,6 +34,7 @@ from pathlib import Path
 
 from quantkit.errors import InputError
 from quantkit.verify.vllm_check import (
+    REPO_VENV,
     WORKER,
     classify_failure,
     missing_kernel,
@@ -46,7 +47,13 @@ LOG_TAIL = 2000  # characters of the server's log shown when it fails
 
 
 class ServerFailed(Exception):
-    """The server did not come up (exited, or was not ready in time); the message has its log tail."""
+    """The server did not come up (exited, or was not ready in time); the message has its log tail.
+    ``exited``: the server stopped by itself; ``port_taken``: it could not bind its port."""
+
+    def __init__(self, message: str, *, exited: bool = False, port_taken: bool = False) -> None:
+        super().__init__(message)
+        self.exited = exited
+        self.port_taken = port_taken
 
 
 @dataclass
@@ -56,13 +63,16 @@ class ServedAnswer:
     offline_tokens: list[int]
     served_text: str
     offline_text: str
-    matches: bool  # identical token ids (greedy: the offline engine must give the same tokens)
+    matches: bool  # identical prompt and answer token ids (greedy: the offline engine's own)
+    served_prompt_tokens: int = 0  # how many tokens the prompt (template and media) rendered to
+    offline_prompt_tokens: int = 0
+    same_prompt: bool = False  # identical prompt token ids: the same template and media rendering
 
 
 @dataclass
 class ServeCheck:
     checkpoint: str
-    status: str  # passed | failed | skipped | unavailable
+    status: str  # passed | failed | skipped
     reason: str = ""
     answers: list[ServedAnswer] = field(default_factory=list)
     seconds: float = 0.0
@@ -96,6 +106,20 @@ def check_port(port: int) -> None:
                 f"port {port} on 127.0.0.1 is already taken ({err.strerror or err})",
                 hint="pass another --port, or leave it out for a free one",
             ) from err
+
+
+def serve_python() -> Path:
+    """The vLLM environment's interpreter; InputError when there is none (an explicit --serve
+    cannot be answered without it, unlike --vllm's 'unavailable')."""
+    python = vllm_python()
+    if python is None:
+        configured = os.environ.get("QUANTKIT_VLLM_PYTHON")
+        missing = f"$QUANTKIT_VLLM_PYTHON={configured}" if configured else str(REPO_VENV)
+        raise InputError(
+            f"--serve needs the vLLM environment, and {missing} does not exist",
+            hint="run `make vllm-env`",
+        )
+    return python
 
 
 def _data_url(path: Path, mime: str) -> str:
@@ -148,6 +172,16 @@ def probe_requests(folder: Path, kinds: set[str]) -> list[dict]:
     return requests
 
 
+LOOPBACK = ("127.0.0.1", "localhost")
+
+
+def _no_proxy(value: str | None) -> str:
+    """``value`` (a NO_PROXY list) with the loopback names added: the server is on 127.0.0.1, and a
+    user's HTTP(S)_PROXY must not carry quantkit's requests to it."""
+    names = [name.strip() for name in (value or "").split(",") if name.strip()]
+    return ",".join(names + [name for name in LOOPBACK if name not in names])
+
+
 def _worker_env() -> dict[str, str]:
     env = {
         **os.environ,
@@ -157,6 +191,8 @@ def _worker_env() -> dict[str, str]:
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         "QUANTKIT_PARENT_PID": str(os.getpid()),
+        "NO_PROXY": _no_proxy(os.environ.get("NO_PROXY")),
+        "no_proxy": _no_proxy(os.environ.get("no_proxy")),
     }
     env.pop("PYTHONPATH", None)  # the worker must not import this environment's packages
     return env
@@ -204,18 +240,36 @@ def last_error(log: Path) -> str | None:
     return f"{found[-1].group(1)}: {found[-1].group(2).strip()}" if found else None
 
 
-def _exited(log: Path, what: str) -> ServerFailed:
+_PORT_TAKEN = re.compile(r"address already in use", re.IGNORECASE)  # OSError errno 98, from bind()
+
+
+def _exited(log: Path, what: str, *, exited: bool = True) -> ServerFailed:
     headline = last_error(log)
+    taken = exited and bool(_PORT_TAKEN.search(log.read_text(errors="replace") if log.is_file() else ""))
     return ServerFailed(
-        f"{what}{': ' + headline if headline else ''}\nthe server's log ends:\n{log_tail(log)}"
+        f"{what}{': ' + headline if headline else ''}\nthe server's log ends:\n{log_tail(log)}",
+        exited=exited,
+        port_taken=taken,
     )
+
+
+# No proxy: the server is on the loopback interface, whatever HTTP(S)_PROXY says.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _get(url: str, timeout: float = 2.0) -> bytes | None:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - loopback only
+        with _DIRECT.open(url, timeout=timeout) as response:  # noqa: S310 - loopback only
             return response.read() if response.status == 200 else None
     except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def _model_ids(listing: bytes) -> list | None:
+    """The model ids of an OpenAI /v1/models answer; None when it is not one."""
+    try:
+        return [entry.get("id") for entry in json.loads(listing).get("data", [])]
+    except (ValueError, AttributeError, TypeError):
         return None
 
 
@@ -227,14 +281,20 @@ def wait_ready(server: subprocess.Popen, port: int, model: str, log: Path, timeo
         code = server.poll()
         if code is not None:
             raise _exited(log, f"the vLLM server exited (code {code}) before it was ready")
-        if _get(f"http://127.0.0.1:{port}/health") is not None:
-            listing = _get(f"http://127.0.0.1:{port}/v1/models") or b"{}"
-            served = [entry.get("id") for entry in json.loads(listing).get("data", [])]
+        # /health answering and /v1/models not (for a moment): ask again.
+        healthy = _get(f"http://127.0.0.1:{port}/health") is not None
+        if healthy and (listing := _get(f"http://127.0.0.1:{port}/v1/models")) is not None:
+            served = _model_ids(listing)
+            if served is None:
+                raise ServerFailed(
+                    f"port {port} answers, but /v1/models is not an OpenAI model list: "
+                    f"{listing[:200].decode(errors='replace')!r}"
+                )
             if model not in served:
                 raise ServerFailed(f"port {port} answers, but not with this checkpoint (it serves {served})")
             return round(time.monotonic() - started, 1)
         time.sleep(1.0)
-    raise _exited(log, f"the vLLM server was not ready after {timeout:.0f} s")
+    raise _exited(log, f"the vLLM server was not ready after {timeout:.0f} s", exited=False)
 
 
 def group_alive(pgid: int) -> list[int]:
@@ -270,6 +330,7 @@ def _worker(python: Path, mode: str, request: dict, folder: Path, timeout: float
     """One run of vllm_worker.py MODE in the vLLM environment; its answer, or a failure dict."""
     (folder / f"{mode}-request.json").write_text(json.dumps(request))
     answer, log = folder / f"{mode}-answer.json", folder / f"{mode}.log"
+    answer.unlink(missing_ok=True)  # an earlier attempt's
     with open(log, "wb") as handle:
         try:
             subprocess.run(
@@ -283,10 +344,15 @@ def _worker(python: Path, mode: str, request: dict, folder: Path, timeout: float
         except subprocess.TimeoutExpired:
             return {"status": "error", "stage": mode, "error_type": "Timeout",
                     "message": f"the {mode} run did not finish in {timeout:.0f} s"}  # fmt: skip
-    if not answer.is_file():
+    try:
+        result = json.loads(answer.read_text()) if answer.is_file() else None
+    except (OSError, ValueError):
+        result = None
+    if not isinstance(result, dict):
+        what = "an unreadable answer" if answer.is_file() else "no answer"
         return {"status": "error", "stage": mode, "error_type": "WorkerDied",
-                "message": f"the {mode} run died without an answer:\n{log_tail(log)}"}  # fmt: skip
-    return json.loads(answer.read_text())
+                "message": f"the {mode} run ended with {what}:\n{log_tail(log)}"}  # fmt: skip
+    return result
 
 
 _VLLM_PREFIX = re.compile(r"^\(\w+ pid=\d+\)\s*(?:[A-Z]+ \d\d-\d\d [\d:]+ \[[^\]]*\]\s*)?")
@@ -297,21 +363,43 @@ def _schemes(checkpoint: Path) -> list[str] | None:
     return shipped_schemes(config.get("quantization_config"))
 
 
-def _failure_message(failure: str, server_log: str, checkpoint: Path) -> str:
-    """A failure with what the server said: vLLM's "no kernel here" line first where its log has
-    one (far above the engine's final error, or behind a client's bare "500"), then the failure,
-    then the whole log (the classification searches all of it)."""
-    schemes = _schemes(checkpoint)
+def _kernel_line(server_log: str, schemes: list[str] | None) -> str | None:
+    """vLLM's "no kernel here" line in the server's log (far above the engine's final error, or
+    behind a client's bare "500"), without vLLM's process prefix; None when it has none."""
     kernel = next((line for line in server_log.splitlines() if missing_kernel(line, schemes)), None)
-    head = f"{_VLLM_PREFIX.sub('', kernel.strip())}\n" if kernel else ""
-    return f"{head}{failure}\n{server_log}"
+    return _VLLM_PREFIX.sub("", kernel.strip()) if kernel else None
+
+
+def _failed_reason(problem: dict) -> str:
+    flat = " ".join(line.strip() for line in str(problem.get("message")).splitlines() if line.strip())
+    more = " ..." if len(flat) > 600 else ""
+    return f"vLLM {problem.get('stage')} failed: {problem.get('error_type')}: {flat[:600]}{more}"
+
+
+def _served_problem(served: dict, server_log: str, schemes: list[str] | None) -> tuple[str, str]:
+    """('skipped', vLLM's kernel line) when the server stopped by itself or answered a request
+    with HTTP 500 and its log has a known "no kernel here" line; else ('failed', the problem). A
+    timeout, a hang or a refused (4xx) request is never a missing kernel, whatever the log says."""
+    errors = served.get("errors") or {}
+    crashed = [(name, error) for name, error in errors.items() if error.get("status_code") == 500]
+    name, error = (crashed or list(errors.items()) or [(None, None)])[0]
+    problem = {"stage": f"{name} request", **error} if error else dict(served)
+    if served.get("server_exited") or crashed:
+        kernel = _kernel_line(server_log, schemes)
+        if kernel:
+            return classify_failure({**problem, "message": kernel}, schemes)
+    return "failed", _failed_reason(problem)
 
 
 def compare(served: dict, offline: dict) -> list[ServedAnswer]:
+    """Per request: the served prompt and answer token ids against the offline engine's; a side
+    with no tokens never matches."""
     answers = []
     for name, ours in served.items():
         theirs = offline.get(name) or {}
         tokens, offline_tokens = ours.get("token_ids") or [], theirs.get("token_ids") or []
+        prompt, offline_prompt = ours.get("prompt_token_ids") or [], theirs.get("prompt_token_ids") or []
+        same_prompt = bool(prompt) and prompt == offline_prompt
         answers.append(
             ServedAnswer(
                 name,
@@ -319,7 +407,10 @@ def compare(served: dict, offline: dict) -> list[ServedAnswer]:
                 offline_tokens,
                 ours.get("text", ""),
                 theirs.get("text", ""),
-                bool(tokens) and tokens == offline_tokens,
+                same_prompt and bool(tokens) and tokens == offline_tokens,
+                len(prompt),
+                len(offline_prompt),
+                same_prompt,
             )
         )
     return answers
@@ -337,18 +428,16 @@ def check_served(
     """Serve ``checkpoint`` with ``vllm serve``, send one request per modality the model takes with
     the ``openai`` client, stop the server, and check vLLM's offline engine gives the same greedy
     tokens for the same messages. A scheme the local vLLM build has no kernel for is 'skipped'
-    with vLLM's reason (vllm_check's classification); bad input (no checkpoint, a taken port)
-    raises InputError before anything starts."""
+    with vLLM's reason (vllm_check's classification); bad input (no checkpoint, a taken port, no
+    vLLM environment) raises InputError before anything starts."""
     checkpoint = Path(checkpoint).resolve()
     if not (checkpoint / "config.json").is_file():
         raise InputError("not a checkpoint folder (no config.json)", path=checkpoint,
                          hint="pass the folder `quantkit quantize` wrote")  # fmt: skip
     if port is not None:
         check_port(port)
+    python = serve_python()
     started = time.time()
-    python = vllm_python()
-    if python is None:
-        return ServeCheck(str(checkpoint), "unavailable", "no vLLM environment: run `make vllm-env`")
 
     from quantkit.models.adapters import adapter_for
     from quantkit.models.inputs import processor_capabilities
@@ -357,29 +446,27 @@ def check_served(
     check = ServeCheck(str(checkpoint), "failed", port=port or free_port())
     with tempfile.TemporaryDirectory(prefix="quantkit-serve-") as tmp:
         folder = Path(tmp)
-        requests = probe_requests(folder, kinds)
         request = {
             "model": str(checkpoint),
             "served_model": str(checkpoint),
-            "base_url": f"http://127.0.0.1:{check.port}/v1",
             "max_tokens": max_tokens,
             "max_model_len": max_model_len,
             "limit_mm_per_prompt": {kind: 1 for kind in sorted(kinds)},
             "timeout": request_timeout,
-            "requests": requests,
+            "requests": probe_requests(folder, kinds),
         }
         log = folder / "server.log"
-        server = start_server(
-            python, checkpoint, check.port, request["limit_mm_per_prompt"], log, max_model_len=max_model_len
-        )
-        try:
-            check.ready_seconds = wait_ready(server, check.port, str(checkpoint), log, ready_timeout)
-            served = _worker(python, "client", request, folder, request_timeout * len(requests) + 60)
-        except ServerFailed as failure:
-            served = {"status": "error", "stage": "serve", "error_type": "ServerFailed",
-                      "message": str(failure)}  # fmt: skip
-        finally:
-            stop_server(server)
+        for attempt in (1, 2):
+            served = _serve_and_ask(python, check, request, folder, log, ready_timeout)
+            if not served.get("port_taken"):
+                break
+            if port is not None:
+                raise InputError(
+                    f"port {port} on 127.0.0.1 was taken by the time the vLLM server bound it",
+                    hint="pass another --port, or leave it out for a free one",
+                )
+            if attempt == 1:  # the free port we picked was taken in between: once more, on another
+                check.port = free_port()
         server_log = log.read_text(errors="replace") if log.is_file() else ""
         if served.get("status") == "ok":
             offline = _worker(python, "chat", request, folder, ready_timeout)
@@ -389,27 +476,49 @@ def check_served(
     return _judge(check, checkpoint, served, offline, server_log)
 
 
+def _serve_and_ask(
+    python: Path, check: ServeCheck, request: dict, folder: Path, log: Path, ready_timeout: float
+) -> dict:
+    """Start the server on ``check.port``, wait for it, send the requests through the client
+    worker and stop the server: the client's answer, or a failure dict (``port_taken`` when the
+    server could not bind its port; ``server_exited`` when it stopped by itself)."""
+    checkpoint = Path(request["model"])
+    request["base_url"] = f"http://127.0.0.1:{check.port}/v1"
+    server = start_server(
+        python, checkpoint, check.port, request["limit_mm_per_prompt"], log,
+        max_model_len=request["max_model_len"],
+    )  # fmt: skip
+    try:
+        check.ready_seconds = wait_ready(server, check.port, str(checkpoint), log, ready_timeout)
+        timeout = request["timeout"] * len(request["requests"]) + 60
+        served = _worker(python, "client", request, folder, timeout)
+        served["server_exited"] = server.poll() is not None
+    except ServerFailed as failure:
+        served = {"status": "error", "stage": "serve", "error_type": "ServerFailed",
+                  "message": str(failure), "server_exited": failure.exited,
+                  "port_taken": failure.port_taken}  # fmt: skip
+    finally:
+        stop_server(server)
+    return served
+
+
 def _judge(
     check: ServeCheck, checkpoint: Path, served: dict, offline: dict | None, server_log: str
 ) -> ServeCheck:
-    problem = None
+    failed = None
     if served.get("status") != "ok":
-        errors = served.get("errors")
-        if errors:  # the server ran; requests were refused
-            name, error = next(iter(errors.items()))
-            problem = {"stage": f"{name} request", **error}
-        else:
-            problem = dict(served)
-        problem["message"] = _failure_message(problem["message"], server_log, checkpoint)
+        failed = _served_problem(served, server_log, _schemes(checkpoint))
     elif offline is not None and offline.get("status") != "ok":
+        # The offline engine's own exception: classified as --vllm classifies it.
         problem = {**offline, "stage": f"offline {offline.get('stage')}"}
-    if problem is not None:
-        check.status, check.reason = classify_failure(problem, _schemes(checkpoint))
+        failed = classify_failure(problem, _schemes(checkpoint))
+    if failed is not None:
+        check.status, check.reason = failed
         if served.get("outputs"):
             check.answers = compare(served["outputs"], {})
         return check
     check.answers = compare(served["outputs"], offline["outputs"])
-    differ = [a.name for a in check.answers if not a.matches]
+    differ = [f"{a.name}{'' if a.same_prompt else ' (prompt)'}" for a in check.answers if not a.matches]
     check.status = "failed" if differ else "passed"
     check.reason = (
         f"the served tokens differ from the offline engine's on: {', '.join(differ)}" if differ else ""
@@ -436,13 +545,15 @@ def card_section(check: ServeCheck) -> str:
         lines += [
             "",
             "`vllm serve` on this folder answered one request per modality through the `openai` client "
-            "(chat completions, media as base64 data URLs, greedy); each answer's tokens are compared "
-            "with vLLM's offline engine (`LLM.chat`) on the same messages.",
+            "(chat completions, media as base64 data URLs, greedy); each answer's tokens, and its prompt's "
+            "tokens as the server rendered them, are compared with vLLM's offline engine (`LLM.chat`) "
+            "on the same messages.",
             "",
-            "| request | served tokens | offline tokens | same tokens |",
-            "|---|---|---|---|",
+            "| request | prompt tokens | same prompt | served tokens | offline tokens | same tokens |",
+            "|---|---|---|---|---|---|",
             *(
-                f"| {a.name} | {len(a.served_tokens)} | {len(a.offline_tokens)} | {'yes' if a.matches else 'no'} |"
+                f"| {a.name} | {a.served_prompt_tokens} | {'yes' if a.same_prompt else 'no'} "
+                f"| {len(a.served_tokens)} | {len(a.offline_tokens)} | {'yes' if a.matches else 'no'} |"
                 for a in check.answers
             ),
         ]

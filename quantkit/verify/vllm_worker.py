@@ -182,8 +182,10 @@ def chat(request: dict) -> dict:
         params = llm.get_default_sampling_params()
         params.temperature = 0.0
         params.max_tokens = int(request.get("max_tokens", 8))
-        result = llm.chat(item["messages"], params, use_tqdm=False)[0].outputs[0]
+        output = llm.chat(item["messages"], params, use_tqdm=False)[0]
+        result = output.outputs[0]
         return {
+            "prompt_token_ids": list(output.prompt_token_ids or []),  # the rendered template and media
             "token_ids": list(result.token_ids),
             "text": result.text,
             "finish_reason": result.finish_reason,
@@ -194,7 +196,8 @@ def chat(request: dict) -> dict:
 
 def client(request: dict) -> dict:
     """Each request through the ``openai`` client, as a user sends it: chat completions, greedy,
-    ``max_tokens``; vLLM's ``return_token_ids`` extra field gives the tokens behind the text."""
+    ``max_tokens``; vLLM's ``return_token_ids`` extra field gives the tokens behind the text and
+    the prompt's tokens as the server rendered them."""
     import openai
 
     api = openai.OpenAI(
@@ -202,6 +205,8 @@ def client(request: dict) -> dict:
         api_key="EMPTY",
         timeout=float(request.get("timeout", 300)),
         max_retries=0,
+        # The server is on 127.0.0.1: no HTTP(S)_PROXY from the environment.
+        http_client=openai.DefaultHttpxClient(trust_env=False),
     )
     outputs, errors = {}, {}
     for item in request["requests"]:
@@ -216,6 +221,8 @@ def client(request: dict) -> dict:
             )
             choice = response.choices[0]
             outputs[item["name"]] = {
+                # vLLM's extra fields (ChatCompletionResponse.prompt_token_ids, choice.token_ids)
+                "prompt_token_ids": list(getattr(response, "prompt_token_ids", None) or []),
                 "token_ids": list(getattr(choice, "token_ids", None) or []),
                 "text": choice.message.content or "",
                 "finish_reason": choice.finish_reason,
@@ -225,6 +232,7 @@ def client(request: dict) -> dict:
             errors[item["name"]] = {
                 "error_type": type(error).__name__,
                 "message": str(error).strip()[:2000] or type(error).__name__,
+                "status_code": getattr(error, "status_code", None),  # the HTTP status, if one came
             }
     return {"status": "ok" if not errors else "error", "outputs": outputs, "errors": errors}
 
@@ -245,7 +253,6 @@ def _die_with_parent() -> None:
 
 def serve(args: list[str]) -> int:
     _cpu_defaults()
-    _die_with_parent()
     from vllm.entrypoints.cli.main import main as vllm_main
 
     sys.argv = ["vllm", "serve", *args]
@@ -256,6 +263,7 @@ MODES = {"chat": chat, "client": client}
 
 
 def main() -> int:
+    _die_with_parent()  # every mode: no server, client or offline engine outlives quantkit
     if sys.argv[1] == "serve":
         return serve(sys.argv[2:])
     mode = MODES.get(sys.argv[1])
@@ -263,8 +271,10 @@ def main() -> int:
     with open(request_path, encoding="utf-8") as handle:
         request = json.load(handle)
     answer = (mode or run)(request)
-    with open(answer_path, "w", encoding="utf-8") as handle:
+    partial = f"{answer_path}.part"  # the caller never reads a half-written answer
+    with open(partial, "w", encoding="utf-8") as handle:
         json.dump(answer, handle)
+    os.replace(partial, answer_path)
     return 0
 
 
