@@ -65,8 +65,13 @@ checkpoints: install
 	$(BIN)/quantkit calibrate $(POOL) --model $(MODEL) --size $(SIZE) --output $(OUT)/calib --force
 	$(BIN)/quantkit build $(foreach t,$(TARGETS),--target $(t)) --model $(MODEL) --calib $(OUT)/calib --output-root $(OUT)
 
+# Two pytest-xdist workers, each given whole test files (a module's fixtures are built once) and
+# one torch thread (two workers x two threads on two cores only contend). Many tests wait on a
+# vLLM or torchrun child or on file I/O, so two workers overlap those waits.
+# One process, for debugging: $(BIN)/python -m pytest tests/test_x.py
+PYTEST_WORKERS ?= -n 2 --dist loadfile
 test: install vllm-env
-	$(BIN)/python -m pytest
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_WORKERS)
 
 # CPU benchmarks: writes bench/RESULTS.md. run_all.py (~12 min on 2 cores): calibrate, quantize
 # overhead, feature cache, sizes; then every recipe and round-to-nearest on SmolLM2-135M's real
@@ -93,7 +98,7 @@ bench-real: install
 		--results bench/real_weights.json --write-results bench/RESULTS.md
 
 test-quick: install
-	$(BIN)/python -m pytest -m "not slow"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_WORKERS) -m "not slow"
 
 lint: install
 	$(BIN)/ruff check .
