@@ -165,6 +165,9 @@ def test_workflow_is_valid_and_runs_the_tested_commands():
         ),
         ("{recipe: fp8, when: {task_loss_above: 1.5, sometimes: true}, why: x}", "sometimes"),
         ("{recipe: fp8, when: {task_loss_above: 150}, why: x}", "a percent"),
+        # Strict types: YAML's true is not the number 1, nor 1 the boolean true.
+        ("{recipe: fp8, when: {task_loss_above: true}, why: x}", "a valid number"),
+        ("{recipe: fp8, when: {no_calibration_data: 1}, why: x}", "a valid boolean"),
     ],
 )
 def test_fallback_when_is_a_checked_condition(tmp_path, fallback, message):
@@ -176,6 +179,27 @@ def test_fallback_when_is_a_checked_condition(tmp_path, fallback, message):
     with pytest.raises(InputError, match=message) as err:
         load_targets(bad)
     assert err.value.line == 8 and "fallbacks.0.when" in str(err.value)
+    assert str(err.value).startswith(f"{bad}:8: target 'x': ")  # the file, its line, the target
+
+
+def test_a_recipe_twice_in_a_chain_is_refused_naming_the_target(tmp_path):
+    bad = tmp_path / "targets.yaml"
+    bad.write_text(
+        "version: 1\ntargets:\n  - {name: a, hardware: [A], recipe: fp8, why: t}\n"
+        "  - name: b\n    hardware: [A]\n    recipe: w4a16\n    why: t\n    fallbacks:\n"
+        "      - {recipe: fp8, when: {task_loss_above: max_loss}, why: x}\n"
+        "      - {recipe: fp8, when: {on_request: true}, why: y}\n"
+    )
+    with pytest.raises(InputError, match="fp8 more than once") as err:
+        load_targets(bad)
+    assert str(err.value).startswith(f"{bad}:4: target 'b': ")
+    bad.write_text(
+        bad.read_text()
+        .replace("recipe: w4a16", "recipe: fp8")
+        .replace("recipe: fp8, when: {on", "recipe: fp8-dynamic, when: {on")
+    )
+    with pytest.raises(InputError, match="fp8 more than once"):  # a fallback repeating the recipe
+        load_targets(bad)
 
 
 def test_avg_bits_steps_only_for_4bit_group_recipes_and_rising(tmp_path):
@@ -218,3 +242,16 @@ def test_build_refuses_bad_gate_options_before_building(zoo_model, tmp_path):
     too_much = runner.invoke(app, [*base, "--max-loss", "150"])
     assert too_much.exit_code == 2 and "--max-loss 150" in too_much.output
     assert not (tmp_path / "out" / "build.json").exists()
+
+
+def test_loss_positions_are_the_answer_or_else_the_text():
+    """`build`'s loss mask: the positions predicting the answer's tokens; without an answer (the
+    prompt rendering covers the whole sample), those predicting text, not media placeholders."""
+    from quantkit.verify.drift import ANSWER_SCOPE, TEXT_SCOPE, loss_positions
+
+    ids = [1, 9, 9, 9, 2, 5, 6, 7]  # 9: an image placeholder; the answer starts at index 5
+    mask, scope = loss_positions(ids, 5, {9})
+    assert scope == ANSWER_SCOPE and mask.tolist() == [False] * 4 + [True] * 3 + [False]
+    mask, scope = loss_positions(ids, len(ids), {9})
+    assert scope == TEXT_SCOPE
+    assert mask.tolist() == [False, False, False, True, True, True, True, False]

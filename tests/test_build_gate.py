@@ -90,7 +90,7 @@ def test_primary_over_budget_ends_on_a_promoted_or_fallback_candidate(setup, tmp
     result = runner.invoke(app, [*args, *CLI_OPTIONS])
     assert result.exit_code == 0, result.output
     build = json.loads((setup["out"] / "build.json").read_text())
-    (gated,) = build["targets"]
+    (gated,) = [t for t in build["targets"] if t["name"] == "gated"]  # build.json merges by target
     chain = gated["chain"]
     assert chain[0]["recipe"] == worse.recipe and chain[0]["avg_bits"] is None
     assert chain[0]["verdict"] == "over budget" and chain[0]["cached"] is True  # measured above
@@ -145,7 +145,7 @@ def test_nothing_meets_the_budget_fails_that_target_only(setup, tmp_path):
     assert "Target tight: candidates tried" in result.output and "no candidate meets" in result.output
     build = json.loads((setup["out"] / "build.json").read_text())
     assert build["passed"] is False
-    tight, loose = build["targets"]
+    tight, loose = ({t["name"]: t for t in build["targets"]}[name] for name in ("tight", "loose"))
     assert tight["status"] == "failed" and tight["checkpoint"] is None
     steps = [(s["recipe"], s["verdict"]) for s in tight["chain"]]
     assert steps == [(worse.recipe, "over budget"), (better.recipe, "over budget")]
@@ -155,9 +155,13 @@ def test_nothing_meets_the_budget_fails_that_target_only(setup, tmp_path):
     # The other target in the same command built.
     assert loose["status"] == "passed" and (Path(loose["checkpoint"]) / "quantkit.json").is_file()
     assert loose["chain"][0]["recipe"] == "fp8" and loose["chain"][0]["cached"] is False
-    # The card of a candidate nothing kept says so, and why.
-    card = (Path(tight["chain"][0]["checkpoint"]) / "README.md").read_text()
-    assert "did not keep this checkpoint" in card and "Not kept for target `tight`" in card
+    # The card of a candidate tight did not keep says why, and whether another target keeps it
+    # (build.json merges the targets of earlier runs on this output root).
+    folder = tight["chain"][0]["checkpoint"]
+    (entry,) = [c for c in [*build["checkpoints"], *build["earlier"]] if c["checkpoint"] == folder]
+    card = (Path(folder) / "README.md").read_text()
+    verdict = "kept this checkpoint" if entry["kept_for"] else "did not keep this checkpoint for any target"
+    assert verdict in card and "Not kept for target `tight`" in card
 
 
 def test_rebuilt_chain_reuses_cached_candidates(setup, tmp_path):
@@ -226,3 +230,135 @@ def test_a_gate_with_nothing_to_measure_on_is_refused_before_any_quantize(setup,
     assert message in " ".join(result.output.split())
     built = list((tmp_path / "out").glob("*-w4a16")) if (tmp_path / "out").exists() else []
     assert not built
+
+
+def test_task_loss_counts_only_the_positions_that_predict_the_answer(setup):
+    """The loss of a task is over the answer's tokens (the last assistant turn), not the prompt's
+    or the media's: recomputed here from both models' logits on the samples the build measured."""
+    import torch
+
+    from quantkit.models.adapters import adapter_for
+    from quantkit.models.inputs import Sample, processor_inputs
+    from quantkit.quantize.run import saved_dtype
+
+    four = next(m for m in (setup["worse"], setup["better"]) if m.recipe == "w4a16")
+    checkpoint, model = Path(four.checkpoint), setup["model"]
+    measured = json.loads((checkpoint / "verify.json").read_text())["drift"]["samples"]
+    rows = {
+        row["id"]: row for row in map(json.loads, (setup["calib"] / "samples.jsonl").read_text().splitlines())
+    }
+    task = max(four.losses, key=four.losses.__getitem__)
+    adapter = adapter_for(model)
+    processor = adapter.load_processor(checkpoint)
+    original = adapter.load_model(model, dtype=saved_dtype(model))
+    quantized = adapter_for(checkpoint).load_model(checkpoint, dtype=saved_dtype(checkpoint))
+    sums = {"answer": [0.0, 0.0], "every": [0.0, 0.0]}
+    for sample in (s for s in measured if s["task"] == task):
+        row = rows[sample["id"]]
+        assert row["messages"][-1]["role"] == "assistant"
+        full = Sample.from_row(row)
+        prompt = Sample(row["messages"][:-1], full.images, full.videos, full.audios)
+        inputs = processor_inputs(processor, full)
+        start = processor_inputs(processor, prompt, add_generation_prompt=True)["input_ids"].shape[1]
+        with torch.no_grad():
+            ref = torch.log_softmax(original(**inputs).logits[0].float(), -1)
+            q = torch.log_softmax(quantized(**inputs).logits[0].float(), -1)
+        kl, entropy = (ref.exp() * (ref - q)).sum(-1), -(ref.exp() * ref).sum(-1)
+        answer = slice(start - 1, len(kl) - 1)  # position t predicts token t + 1
+        assert 0 < len(kl[answer]) < len(kl)
+        assert sample["loss_positions"] == len(kl[answer]) and sample["loss_scope"] == "answer"
+        for name, part in (("answer", answer), ("every", slice(None))):
+            sums[name][0] += float(kl[part].sum())
+            sums[name][1] += float(entropy[part].sum())
+    answer_loss, every_loss = (100 * kl / entropy for kl, entropy in sums.values())
+    assert four.losses[task] == pytest.approx(answer_loss, rel=0.02)
+    assert abs(answer_loss - every_loss) > 0.05 * answer_loss  # the two definitions differ here
+    build = json.loads((setup["out"] / "build.json").read_text())
+    assert "answer" in build["loss"]
+    assert all(c["text_scope_samples"] == [] for c in build["checkpoints"])  # every row has an answer
+
+
+def test_a_library_error_is_a_failed_candidate_and_the_smallest_passing_candidate_is_kept(
+    setup, tmp_path, monkeypatch
+):
+    """A library's error (not a QuantkitError) in one candidate: recorded with its type, message
+    and traceback, the chain goes on to its smallest passing fallback, listed after a larger one;
+    a target with nothing else fails, and the command exits 1. The error is raised where a kernel
+    would raise it, inside quantize (no library is replaced)."""
+    import quantkit.quantize
+    from quantkit.quantize import plan
+    from quantkit.recipes import get_recipe
+
+    real = quantkit.quantize.quantize
+
+    def kernel_fails_on_fp8_block(model_dir, output, recipe, *args, **kwargs):
+        if recipe.name == "fp8-block":  # a recipe no other test here builds (none cached)
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(model_dir, output, recipe, *args, **kwargs)
+
+    monkeypatch.setattr(quantkit.quantize, "quantize", kernel_fails_on_fp8_block)
+    size = {
+        name: plan(setup["model"], get_recipe(name), []).checkpoint_bytes for name in ("w4a16", "fp8-dynamic")
+    }
+    larger, smaller = sorted(size, key=size.__getitem__, reverse=True)
+    file = targets_file(
+        tmp_path,
+        target("smallest", "fp8-block", fallbacks=[larger, smaller]),  # the larger fallback listed first
+        target("broken", "fp8-block"),
+    )
+    args = ["build", "--target", "broken", "--target", "smallest", "--model", str(setup["model"])]
+    args += ["--calib", str(setup["calib"]), "--output-root", str(setup["out"]), "--targets-file", str(file)]
+    result = runner.invoke(app, [*args, *CLI_OPTIONS])
+    assert result.exit_code == 1, result.output  # a target failed; not a crash
+    assert "RuntimeError: CUDA error" in result.output and "Traceback" not in result.output
+    build = json.loads((setup["out"] / "build.json").read_text())
+    (failed,) = [c for c in build["checkpoints"] if c["recipe"] == "fp8-block"]
+    assert failed["status"] == "error" and failed["reasons"] == [
+        "RuntimeError: CUDA error: an illegal memory access was encountered"
+    ]
+    assert failed["traceback"].startswith("Traceback") and "kernel_fails_on_fp8_block" in failed["traceback"]
+    targets = {t["name"]: t for t in build["targets"]}
+    assert targets["broken"]["status"] == "failed" and targets["broken"]["checkpoint"] is None
+    chain = targets["smallest"]["chain"]
+    # The smaller fallback is tried before the larger one, passes, and the larger is not built.
+    assert [(s["recipe"], s["verdict"]) for s in chain] == [("fp8-block", "error"), (smaller, "kept")]
+    assert chain[1]["predicted_bytes"] == size[smaller]
+    assert targets["smallest"]["status"] == "passed" and "smallest first" in build["order"]
+    card = (Path(chain[1]["checkpoint"]) / "README.md").read_text()
+    assert "smallest first" in card
+
+
+def test_build_json_and_cards_merge_by_target_and_stay_honest(setup, tmp_path):
+    """A run for one target keeps the other targets' records and card sections; a rerun of a
+    target replaces its own; a candidate an earlier run kept that no target keeps now says so."""
+    worse, better = setup["worse"], setup["better"]
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    file1 = targets_file(first, target("twin-1", worse.recipe), target("moving", worse.recipe))
+    file2 = targets_file(second, target("twin-2", worse.recipe), target("moving", better.recipe))
+    common = {"calib": setup["calib"], **OPTIONS}
+    build_checkpoints(setup["model"], setup["out"], ["twin-1", "moving"], targets_file=file1, **common)
+    build_checkpoints(setup["model"], setup["out"], ["twin-2"], targets_file=file2, **common)
+
+    def records() -> tuple[dict, dict]:
+        data = json.loads((setup["out"] / "build.json").read_text())
+        names = [t["name"] for t in data["targets"]]
+        assert len(names) == len(set(names))  # one record a target
+        entries = {c["checkpoint"]: c for c in [*data["checkpoints"], *data["earlier"]]}
+        return {t["name"]: t for t in data["targets"]}, entries
+
+    targets, _ = records()
+    assert {"twin-1", "twin-2", "moving"} <= set(targets)
+    card = (Path(worse.checkpoint) / "README.md").read_text()
+    assert "Target `twin-1`" in card and "Target `twin-2`" in card and "Target `moving`" in card
+    # moving again, now on the other recipe: its record is replaced, the twins' stay.
+    build_checkpoints(setup["model"], setup["out"], ["moving"], targets_file=file2, **common)
+    targets, entries = records()
+    assert targets["moving"]["checkpoint"] == better.checkpoint
+    assert targets["twin-1"]["checkpoint"] == targets["twin-2"]["checkpoint"] == worse.checkpoint
+    assert "moving" not in entries[worse.checkpoint]["kept_for"]
+    assert {"twin-1", "twin-2"} <= set(entries[worse.checkpoint]["kept_for"])
+    assert "moving" in entries[better.checkpoint]["kept_for"]
+    card = (Path(worse.checkpoint) / "README.md").read_text()
+    assert "Target `moving`" not in card and "Target `twin-1`" in card
+    assert "Target `moving`" in (Path(better.checkpoint) / "README.md").read_text()

@@ -84,9 +84,11 @@ def build(
 ) -> None:
     """Make one checkpoint per hardware target: quantize with the target's recipe, verify it
     (audit, drift against the original per modality and task, and with --vllm a vLLM run), and
-    gate it on accuracy: when a task loses more than --max-loss, try the recipe at the target's
-    avg_bits steps (most sensitive layers at 8 bits), then its fallbacks whose `when` holds, and
-    keep the first candidate that passes every task.
+    gate it on accuracy: when a task loses more than --max-loss (or the checkpoint fails its
+    checks), try the recipe at the target's avg_bits steps (most sensitive layers at 8 bits) and
+    its fallbacks whose `when` holds, smallest first by the checkpoint size quantize's plan
+    predicts from the config (equal sizes in targets.yaml's order), and keep the first that
+    passes every task: the smallest passing candidate; larger ones are not built.
 
     Targets sharing a candidate share its checkpoint; all share one processed-feature cache. A
     target none of whose candidates passes fails with the table of every candidate tried; the
