@@ -61,7 +61,7 @@ def test_invalid_targets_file_names_field(tmp_path):
 @pytest.mark.slow
 def test_build_two_targets_then_rerun_skips(zoo_model, omni_calib, tmp_path):
     model = zoo_model("tiny-qwen2.5-omni")
-    out = tmp_path / "out"
+    out = tmp_path / "checkpoints"  # the workflow's output root
     args = ["build", "--target", "rtx4090", "--target", "l40s", "--model", str(model)]
     args += [
         "--calib",
@@ -86,6 +86,12 @@ def test_build_two_targets_then_rerun_skips(zoo_model, omni_calib, tmp_path):
         assert (checkpoint / "quantkit.json").is_file() and (checkpoint / "verify.json").is_file()
         assert entry["status"] == "passed" and entry["drift"]["kl"] > 0
     assert by_recipe["w4a16"]["size_ratio"] < 0.3  # int4 plus group scales
+    # The CI workflow uploads each target's kept checkpoint only.
+    kept = {t["name"]: t["checkpoint"] for t in build["targets"]}
+    assert (
+        run_kept_checkpoint_step(tmp_path, "rtx4090") == kept["rtx4090"] == by_recipe["w4a16"]["checkpoint"]
+    )
+    assert run_kept_checkpoint_step(tmp_path, "h20") == "checkpoints/build.json"  # not built here
     # Same inputs: both are skipped.
     second = runner.invoke(app, args)
     assert second.exit_code == 0, second.output
@@ -153,6 +159,35 @@ def test_workflow_is_valid_and_runs_the_tested_commands():
         assert option in build
     uploads = [step for step in job["steps"] if step.get("uses", "").startswith("actions/upload-artifact")]
     assert uploads and "checkpoints/build.json" in uploads[0]["with"]["path"]
+    # Only the kept checkpoint, as build.json names it (test_build_two_targets_then_rerun_skips
+    # runs the step on a real build.json), not every candidate folder.
+    assert uploads[0]["with"]["path"].splitlines() == [
+        "${{ steps.kept.outputs.path }}",
+        "checkpoints/build.json",
+    ]
+    assert "build.json" in kept_checkpoint_step(workflow)
+
+
+def kept_checkpoint_step(workflow: dict) -> str:
+    (step,) = [s for s in workflow["jobs"]["build"]["steps"] if s.get("id") == "kept"]
+    return step["run"]
+
+
+def run_kept_checkpoint_step(folder: Path, target: str) -> str:
+    """The workflow's step that finds the kept checkpoint, run in ``folder`` (which holds
+    checkpoints/build.json) for ``target``: the path it hands the upload step."""
+    import subprocess
+    import sys
+
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "checkpoints.yml").read_text())
+    command = kept_checkpoint_step(workflow).replace("${{ matrix.target }}", target)
+    command = command.replace(".venv/bin/python", shlex.quote(sys.executable))
+    output = folder / "github-output"
+    output.write_text("")
+    subprocess.run(["bash", "-c", command], cwd=folder, env={"GITHUB_OUTPUT": str(output)}, check=True)
+    (line,) = output.read_text().splitlines()
+    assert line.startswith("path=")
+    return line.removeprefix("path=")
 
 
 @pytest.mark.parametrize(
