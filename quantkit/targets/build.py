@@ -521,6 +521,7 @@ class _Run:
         data = _read_build_file(self.output_root)
         self.previous = _previous(data)
         self.earlier_targets = _earlier_targets(data, self.model_dir)
+        self.same_model = data.get("model") == str(self.model_dir)  # earlier cards are ours to mend
         self.cache_dir = self.output_root / ".cache" / "features"
         calib = str(self.calib) if self.calib else None
         self.report = BuildReport(str(self.output_root), str(self.model_dir), calib, [])
@@ -545,8 +546,11 @@ class _Run:
         return [*merged, *now.values()]
 
     def candidate_folders(self) -> list[str]:
-        """Every candidate folder build.json records that passed its checks: this run's and earlier."""
+        """Every candidate folder build.json records that passed its checks: this run's, and the
+        earlier build's when it was of the same model (another model's targets are not merged)."""
         folders = [c.checkpoint for c in self.report.checkpoints if c.ok]
+        if not self.same_model:
+            return folders
         touched = {c.checkpoint for c in self.report.checkpoints}
         folders += [
             name
