@@ -92,8 +92,12 @@ def build(
 
     Targets sharing a candidate share its checkpoint; all share one processed-feature cache. A
     target none of whose candidates passes fails with the table of every candidate tried; the
-    others still build; the exit code is 1 if any failed. A re-run reuses candidates whose inputs
-    did not change and that passed their checks (unless --force). The gate costs nothing when the
+    others still build; the exit code is 1 if any failed. A candidate a library error stops is a
+    failed candidate (the error's type and message here, its traceback in build.json) and the
+    chain goes on. A re-run reuses candidates whose inputs did not change and that passed their
+    checks (unless --force); build.json keeps the targets earlier runs built into the same
+    --output-root (a target built again replaces its own record), and each candidate's card says
+    which targets keep it now. The gate costs nothing when the
     target's recipe passes (its losses come from the drift check verify runs anyway); each further
     candidate costs one quantize and verify (and --eval-tasks one scoring per candidate).
 
