@@ -38,10 +38,13 @@ $(VLLM_STAMP): requirements-vllm.lock
 # (the taxonomy's other tasks), then one checkpoint per hardware target (every recipe), each audited,
 # drift-checked and run in vLLM, and last the per-task accuracy of the original and each checkpoint
 # on held-out items (a task losing more than 3% shows red and make reports the error as ignored).
-# The build's accuracy gate runs at 3% per task here, not the targets' 1.5%: each task of this tiny
-# model is judged on one or two held-out samples, and at 1.5% its FP8 candidates fail on one
-# (video_caption 2.07% for fp8, product_segmentation 1.55% for fp8-dynamic) and w4a16 is promoted to
-# 4.5 bits (asr 2.11% at 4 bits, 0.16% at 4.5).
+# The build's accuracy gate runs at 3% per task here, not the targets' 1.5%, and even so only
+# rtx4090 passes (w4a16 promoted to 4.5 bits, selling_points 2.65%): each task is judged on one
+# held-out sample, and here all of them come from the demo pool, whose answers this model was not
+# trained on (it gives their tokens 0.0001-0.08 on average), so the relative drop of that
+# probability is noise (fp8 video_caption 5.92%, fp8-dynamic speaker_separation 69.9%,
+# w8a8-sq-gptq ocr 11.9%); on the tasks it answers (mean probability >= 0.5: short_caption,
+# temporal_grounding, audio_image_qa) every candidate loses under 0.2%.
 demo: install vllm-env
 	rm -rf $(DEMO)
 	$(BIN)/quantkit zoo build tiny-omni-skills --output $(DEMO)/models/tiny-omni-skills

@@ -103,7 +103,9 @@ def test_primary_over_budget_ends_on_a_promoted_or_fallback_candidate(setup, tmp
     assert f"Target gated: candidates tried (budget {budget}% per task)" in result.output
     # The card of the kept checkpoint records the chain and what "loss" means.
     card = (Path(kept["checkpoint"]) / "README.md").read_text()
-    assert "## Build: accuracy gate" in card and "KL(original || quantized)" in card
+    assert (
+        "## Build: accuracy gate" in card and "p_quantized(y)" in card and "KL(original || quantized)" in card
+    )
     assert f"| 1 | {worse.recipe} | - |" in card and "over budget" in card
 
 
@@ -113,13 +115,15 @@ def test_a_4bit_recipe_over_budget_is_promoted_before_the_fallbacks(setup, tmp_p
     file = targets_file(
         tmp_path, target("promote", "w4a16", budget, avg_bits=[5.0], fallbacks=["fp8-dynamic"])
     )
+    # An earlier test of this module may have built the promotion already (when w4a16 is "worse").
+    built_before = any(setup["out"].glob("*-w4a16-avg5/quantkit.json"))
     report = build_checkpoints(
         setup["model"], setup["out"], ["promote"], calib=setup["calib"], targets_file=file, **OPTIONS
     )
     (built,) = report.targets
     first, promoted = built.chain[:2]
     assert (first.recipe, first.verdict, first.cached) == ("w4a16", "over budget", True)
-    assert (promoted.recipe, promoted.avg_bits, promoted.cached) == ("w4a16", 5.0, False)
+    assert (promoted.recipe, promoted.avg_bits, promoted.cached) == ("w4a16", 5.0, built_before)
     assert promoted.size_ratio > first.size_ratio  # the most sensitive layers went to 8 bits
     precision = json.loads((Path(promoted.checkpoint) / "quantkit.json").read_text())["precision"]
     assert precision["avg_bits_requested"] == 5.0
@@ -232,9 +236,11 @@ def test_a_gate_with_nothing_to_measure_on_is_refused_before_any_quantize(setup,
     assert not built
 
 
-def test_task_loss_counts_only_the_positions_that_predict_the_answer(setup):
-    """The loss of a task is over the answer's tokens (the last assistant turn), not the prompt's
-    or the media's: recomputed here from both models' logits on the samples the build measured."""
+def test_task_loss_is_the_drop_of_answer_accuracy_recomputed_from_both_models_logits(setup):
+    """The loss of a task is the relative drop of the expected teacher-forced accuracy on the
+    answer's tokens (the last assistant turn), not the prompt's or the media's: recomputed here
+    from both models' logits on the samples the build measured, with the KL / entropy figure
+    beside it (kl_losses)."""
     import torch
 
     from quantkit.models.adapters import adapter_for
@@ -252,7 +258,7 @@ def test_task_loss_counts_only_the_positions_that_predict_the_answer(setup):
     processor = adapter.load_processor(checkpoint)
     original = adapter.load_model(model, dtype=saved_dtype(model))
     quantized = adapter_for(checkpoint).load_model(checkpoint, dtype=saved_dtype(checkpoint))
-    sums = {"answer": [0.0, 0.0], "every": [0.0, 0.0]}
+    sums = {"answer": [0.0] * 4, "every": [0.0] * 4}  # p_quantized(y), p_original(y), KL, entropy
     for sample in (s for s in measured if s["task"] == task):
         row = rows[sample["id"]]
         assert row["messages"][-1]["role"] == "assistant"
@@ -263,19 +269,44 @@ def test_task_loss_counts_only_the_positions_that_predict_the_answer(setup):
         with torch.no_grad():
             ref = torch.log_softmax(original(**inputs).logits[0].float(), -1)
             q = torch.log_softmax(quantized(**inputs).logits[0].float(), -1)
-        kl, entropy = (ref.exp() * (ref - q)).sum(-1), -(ref.exp() * ref).sum(-1)
-        answer = slice(start - 1, len(kl) - 1)  # position t predicts token t + 1
+        ids = inputs["input_ids"][0]
+        kl, entropy = (ref.exp() * (ref - q)).sum(-1)[:-1], -(ref.exp() * ref).sum(-1)[:-1]
+        # Position t predicts token t + 1: the reference next token is the input's own.
+        p_ref = ref[:-1].gather(-1, ids[1:, None]).exp()[:, 0]
+        p_q = q[:-1].gather(-1, ids[1:, None]).exp()[:, 0]
+        answer = slice(start - 1, None)
         assert 0 < len(kl[answer]) < len(kl)
         assert sample["loss_positions"] == len(kl[answer]) and sample["loss_scope"] == "answer"
         for name, part in (("answer", answer), ("every", slice(None))):
-            sums[name][0] += float(kl[part].sum())
-            sums[name][1] += float(entropy[part].sum())
-    answer_loss, every_loss = (100 * kl / entropy for kl, entropy in sums.values())
-    assert four.losses[task] == pytest.approx(answer_loss, rel=0.02)
-    assert abs(answer_loss - every_loss) > 0.05 * answer_loss  # the two definitions differ here
+            for i, figure in enumerate((p_q, p_ref, kl, entropy)):
+                sums[name][i] += float(figure[part].sum())
+    answer_loss, every_loss = (100 * (1 - pq / pref) for pq, pref, _, _ in sums.values())
+    assert four.losses[task] == pytest.approx(answer_loss, rel=1e-4, abs=1e-4)
+    assert answer_loss != pytest.approx(every_loss, rel=1e-2)  # the answer's positions only
+    kl, entropy = sums["answer"][2:]
+    assert four.kl_losses[task] == pytest.approx(100 * kl / entropy, rel=1e-3)
     build = json.loads((setup["out"] / "build.json").read_text())
-    assert "answer" in build["loss"]
+    assert "accuracy" in build["loss"] and "kl_losses" in build["loss"]
     assert all(c["text_scope_samples"] == [] for c in build["checkpoints"])  # every row has an answer
+    assert all(set(c["kl_losses"]) == set(c["losses"]) for c in build["checkpoints"])
+
+
+def test_a_quantized_copy_identical_to_the_original_loses_nothing(setup, tmp_path):
+    """The loss is 0 on every task (and so is the KL figure) when the checkpoint's outputs are the
+    original's: a copy of the original measured as the build measures its candidates."""
+    import shutil
+
+    from quantkit.targets.build import task_kl_losses, task_losses
+    from quantkit.verify.drift import measure_drift
+
+    copy = tmp_path / "copy"
+    shutil.copytree(setup["model"], copy)
+    drift = measure_drift(
+        setup["model"], copy, setup["calib"], num_samples=4, exclude_ids=set(), stratify_by="task"
+    )
+    losses = task_losses(drift)
+    assert losses and set(losses.values()) == {0.0}
+    assert set(task_kl_losses(drift).values()) == {0.0}
 
 
 def test_a_library_error_is_a_failed_candidate_and_the_smallest_passing_candidate_is_kept(

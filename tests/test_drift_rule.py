@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from quantkit.verify.drift import (
     MIN_GROUP_POSITIONS,
     DriftReport,
@@ -60,3 +62,19 @@ def test_bad_samples_spread_over_small_groups_fail_on_the_whole_set():
 def test_one_long_sample_is_enough_to_judge():
     report = _report([_sample(0, "video", "temporal_grounding", 0.6, positions=MIN_GROUP_POSITIONS)])
     assert any(b.startswith("modality video: top-1") for b in report.breaches)
+
+
+def test_build_loss_is_the_drop_of_summed_answer_probability_and_a_gain_is_negative():
+    """`build`'s per-task loss sums each model's probability of the reference answer tokens over
+    the task's samples before taking their ratio; a quantized model surer of them gains (< 0)."""
+    from quantkit.targets.build import task_losses
+
+    def scored(i, task, p_original, p_quantized):
+        item = _sample(i, "text", task, 1.0)
+        item.loss_positions, item.loss_p_original, item.loss_p_quantized = 10, p_original, p_quantized
+        return item
+
+    samples = [scored(0, "qa", 8.0, 7.0), scored(1, "qa", 2.0, 2.0), scored(2, "chat", 5.0, 5.5)]
+    losses = task_losses(_report(samples))
+    assert losses["qa"] == pytest.approx(100 * (1 - 9.0 / 10.0))  # not the mean of the samples' drops (6.25)
+    assert losses["chat"] < 0

@@ -186,7 +186,7 @@ def print_build_summary(report) -> None:
             missing = t.chain[-1].unmeasured
             console.print(
                 f"[yellow]{t.name}: {len(missing)} task(s) of the calibration set not measured "
-                f"(no held-out sample, or zero entropy): {', '.join(missing)}[/]"
+                f"(no held-out sample): {', '.join(missing)}[/]"
             )
     console.print(f"build.json in {report.output_root}")
 

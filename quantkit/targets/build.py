@@ -26,14 +26,15 @@ from quantkit.fsutil import check_model_folder, check_writable, refuse_overlap, 
 
 BUILD_FILE = "build.json"
 LOSS_DEFINITION = (
-    "the loss of a task is 100 x (sum of KL(original || quantized) over the positions that predict "
+    "the loss of a task is the relative drop of its expected teacher-forced answer accuracy: "
+    "100 x (1 - sum of p_quantized(y) / sum of p_original(y)), over the positions that predict "
     "the answer's tokens (the last assistant turn, what the task's accuracy is scored on; prompt "
-    "and media positions do not count) in the task's held-out calibration samples) / (sum of the "
-    "original's next-token entropy at those positions): how many percent more the quantized "
-    "model's cross-entropy against the original's next-token distributions is than the original's "
-    "own. A sample without answer tokens counts its text positions instead (build.json lists it "
-    "under text_scope_samples). With --eval-tasks, each skills task also counts 100% - recovery "
-    "(checkpoint score / original score)."
+    "and media positions do not count) in the task's held-out calibration samples, y being the "
+    "answer's own next token there; negative is a gain. A sample without answer tokens counts its "
+    "text positions instead (build.json lists it under text_scope_samples). build.json also "
+    "records, as kl_losses, 100 x sum of KL(original || quantized) / sum of the original's "
+    "entropy at the same positions (informative, not gated on). With --eval-tasks, each skills "
+    "task also counts 100% - recovery (checkpoint score / original score)."
 )
 ORDER_RULE = (
     "the target's recipe is tried first; when it misses the budget or fails its checks, the "
@@ -42,7 +43,7 @@ ORDER_RULE = (
     "sizes in the file's order), so the first that passes every task is the smallest that passes "
     "and the larger ones are not built"
 )
-LOSS_VERSION = "answer-positions-1"
+LOSS_VERSION = "answer-accuracy-1"
 _CARD_START, _CARD_END = "<!-- quantkit:build:start -->", "<!-- quantkit:build:end -->"
 
 
@@ -62,6 +63,7 @@ class CheckpointBuild:
     drift: dict | None = None  # overall KL / top-1 of the checkpoint
     avg_bits: float | None = None
     losses: dict[str, float] | None = None  # drift loss per task, percent (LOSS_DEFINITION)
+    kl_losses: dict[str, float] | None = None  # KL / entropy per task, percent (not gated on)
     text_scope_samples: list[str] | None = None  # held-out samples without answer tokens (text positions)
     eval_scores: dict | None = None  # {"items": n, "scores": {task: score}} with --eval-tasks
     traceback: str | None = None  # a library error's (not a QuantkitError), for build.json only
@@ -84,9 +86,10 @@ class ChainStep:
     worst_task: str | None = None
     worst_loss: float | None = None
     losses: dict[str, float] = field(default_factory=dict)
+    kl_losses: dict[str, float] = field(default_factory=dict)  # informative (task_kl_losses)
     why: str = ""  # why this step was tried
     detail: str = ""
-    unmeasured: list[str] = field(default_factory=list)  # held-out tasks without a loss (zero entropy)
+    unmeasured: list[str] = field(default_factory=list)  # held-out tasks without a loss
     predicted_bytes: int | None = None  # the plan's size, by which the further candidates are ordered
 
 
@@ -179,19 +182,37 @@ def build_key(
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def task_losses(drift) -> dict[str, float]:
-    """Per task, percent: KL summed over the answer's positions relative to the original's
-    entropy there (LOSS_DEFINITION; SampleDrift.loss_*)."""
-    sums: dict[str, list[float]] = {}
+def _task_sums(drift, numerator, denominator) -> dict[str, tuple[float, float]]:
+    """Per task, two per-sample figures summed over its samples (tasks whose denominator sums to
+    0 left out)."""
+    sums: dict[str, tuple[float, float]] = {}
     for sample in drift.samples:
-        kl, entropy = sums.setdefault(sample.task, [0.0, 0.0])
-        count = sample.loss_positions
-        sums[sample.task] = [kl + sample.loss_kl * count, entropy + sample.loss_entropy * count]
-    return {
-        task: float(f"{100.0 * kl / entropy:.4g}")
-        for task, (kl, entropy) in sorted(sums.items())
-        if entropy > 0
-    }
+        top, bottom = sums.get(sample.task, (0.0, 0.0))
+        sums[sample.task] = (top + numerator(sample), bottom + denominator(sample))
+    return {task: pair for task, pair in sorted(sums.items()) if pair[1] > 0}
+
+
+def _percent(value: float) -> float:
+    return float(f"{value:.6g}") + 0.0  # -0.0 reads 0.0
+
+
+def task_losses(drift) -> dict[str, float]:
+    """Per task, percent: the relative drop of the expected teacher-forced answer accuracy,
+    100 x (1 - sum p_quantized(y) / sum p_original(y)) over the loss positions of its samples
+    (LOSS_DEFINITION; SampleDrift.loss_p_*)."""
+    sums = _task_sums(drift, lambda s: s.loss_p_quantized, lambda s: s.loss_p_original)
+    return {task: _percent(100.0 * (1.0 - q / orig)) for task, (q, orig) in sums.items()}
+
+
+def task_kl_losses(drift) -> dict[str, float]:
+    """Per task, percent: KL summed over the loss positions relative to the original's entropy
+    there (build.json's kl_losses, not gated on; SampleDrift.loss_kl / loss_entropy)."""
+    sums = _task_sums(
+        drift,
+        lambda s: s.loss_kl * s.loss_positions,
+        lambda s: s.loss_entropy * s.loss_positions,
+    )
+    return {task: _percent(100.0 * kl / entropy) for task, (kl, entropy) in sums.items()}
 
 
 def _read_build_file(output_root: Path) -> dict:
@@ -270,13 +291,14 @@ def _card_section(checkpoint: str, targets: list[TargetBuild]) -> str:
         lines += [
             f"Target `{target.name}` (budget {target.max_loss}% per task), candidates in the order tried:",
             "",
-            "| # | recipe | avg bits | size | worst task | loss | verdict | tried because |",
-            "|---|---|---|---|---|---|---|---|",
+            "| # | recipe | avg bits | size | worst task | loss | its KL / entropy | verdict | tried because |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for index, step in enumerate(target.chain, 1):
             lines.append(
                 f"| {index} | {step.recipe} | {_fmt_bits(step.avg_bits)} | {_fmt_size(step.size_ratio)} | "
-                f"{step.worst_task or '-'} | {_fmt_loss(step.worst_loss)} | {step.verdict} | {step.why} |"
+                f"{step.worst_task or '-'} | {_fmt_loss(step.worst_loss)} | "
+                f"{_fmt_loss(step.kl_losses.get(step.worst_task or ''))} | {step.verdict} | {step.why} |"
             )
         lines.append("")
         if target.chain[-1].unmeasured:
@@ -335,10 +357,11 @@ def _judge(
     entry: CheckpointBuild, max_loss: float, eval_losses: dict[str, float], tasks: set[str]
 ) -> ChainStep:
     """``tasks``: the calibration set's, each of which should have a drift loss (one without: a
-    task whose every row calibrated the candidate, or whose positions the original is certain of)."""
+    task whose every row calibrated the candidate)."""
     losses = {**(entry.losses or {}), **eval_losses}
     step = ChainStep(entry.recipe, entry.avg_bits, entry.checkpoint, "kept", False, entry.size_ratio)
     step.losses = losses
+    step.kl_losses = dict(entry.kl_losses or {})
     if entry.ok and entry.losses is not None:
         step.unmeasured = sorted(tasks - set(entry.losses))
     if losses:
@@ -652,7 +675,15 @@ class _Run:
         cached = not self.force and _up_to_date(before, key, checkpoint)
         if cached:
             entry.status = "up-to-date"
-            for name in ("vllm", "size_ratio", "drift", "losses", "text_scope_samples", "eval_scores"):
+            for name in (
+                "vllm",
+                "size_ratio",
+                "drift",
+                "losses",
+                "kl_losses",
+                "text_scope_samples",
+                "eval_scores",
+            ):
                 setattr(entry, name, before.get(name))
         else:
             verified = self._quantize_and_verify(entry, recipe, checkpoint, avg_bits)
@@ -743,6 +774,7 @@ class _Run:
                 overall = verified.drift.overall
                 entry.drift = {"kl": overall.kl, "top1": overall.top1, "cosine": overall.cosine}
                 entry.losses = task_losses(verified.drift)
+                entry.kl_losses = task_kl_losses(verified.drift)
                 entry.text_scope_samples = [
                     s.id for s in verified.drift.samples if s.loss_scope != ANSWER_SCOPE
                 ]

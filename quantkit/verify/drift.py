@@ -4,9 +4,10 @@ Both models run on the same held-out samples of the calibration set (never those
 calibrate), chosen to keep the set's strata proportions. Per sample: next-token KL divergence
 (original || quantized), top-1 agreement and logit cosine over every position of the
 conversation, and the length of the greedy continuation both models agree on. Beside them, the
-KL and the original's entropy over the positions that predict the answer's tokens (the last
-assistant turn, what a task's accuracy is scored on): `quantkit build`'s per-task loss
-(ANSWER_SCOPE).
+probability each model gives the reference next token (teacher-forced: the answer's own token)
+over the positions that predict the answer's tokens (the last assistant turn, what a task's
+accuracy is scored on; ANSWER_SCOPE), `quantkit build`'s per-task loss, and the KL and the
+original's entropy there.
 """
 
 from __future__ import annotations
@@ -71,11 +72,15 @@ class SampleDrift:
     cosine: float
     greedy_prefix: float  # fraction of the greedy continuation both models agree on
     entropy: float = 0.0  # the original's mean next-token entropy (nats), every position
-    # `build`'s loss: KL and the original's entropy, means over the loss_scope's positions.
+    # Over the loss_scope's positions: the sums of the probability the original / the quantized
+    # model gives the reference next token (expected teacher-forced accuracy; `build`'s loss),
+    # and the means of KL and the original's entropy.
     loss_scope: str = ANSWER_SCOPE
     loss_positions: int = 0
     loss_kl: float = 0.0
     loss_entropy: float = 0.0
+    loss_p_original: float = 0.0
+    loss_p_quantized: float = 0.0
 
 
 @dataclass
@@ -120,11 +125,30 @@ def _group(name: str, items: list[SampleDrift]) -> DriftGroup:
     )
 
 
+@dataclass(frozen=True)
+class Comparison:
+    """``_compare_logits``'s figures: means over every position, then over the loss positions."""
+
+    kl: float
+    top1: float
+    cosine: float
+    entropy: float
+    loss_kl: float = 0.0
+    loss_entropy: float = 0.0
+    loss_p_original: float = 0.0  # sum of p_original(reference next token)
+    loss_p_quantized: float = 0.0  # sum of p_quantized(reference next token)
+
+
 def _compare_logits(
-    reference: torch.Tensor, quantized: torch.Tensor, loss_mask: torch.Tensor | None = None
-) -> tuple[float, float, float, float, float, float]:
-    """Means over every position (KL, top-1, cosine, entropy), then KL and entropy over the
-    positions of ``loss_mask`` (bool, one per position; None: every position)."""
+    reference: torch.Tensor,
+    quantized: torch.Tensor,
+    loss_mask: torch.Tensor | None = None,
+    next_ids: torch.Tensor | None = None,
+) -> Comparison:
+    """Means over every position (KL, top-1, cosine, entropy), then over the positions of
+    ``loss_mask`` (bool, one per position; None: every position) the means of KL and entropy and
+    the sums of the probability each model gives ``next_ids`` (the reference next token, one per
+    position: the input shifted by one; None: no probabilities)."""
     ref_logp = torch.log_softmax(reference.float(), dim=-1)
     q_logp = torch.log_softmax(quantized.float(), dim=-1)
     kl = (ref_logp.exp() * (ref_logp - q_logp)).sum(-1)
@@ -133,8 +157,27 @@ def _compare_logits(
     entropy = -(ref_logp.exp() * ref_logp).sum(-1)
     mask = torch.ones_like(kl, dtype=torch.bool) if loss_mask is None else loss_mask.to(kl.device)
     picked = max(int(mask.sum()), 1)
-    loss_kl, loss_entropy = float(kl[mask].sum()) / picked, float(entropy[mask].sum()) / picked
-    return float(kl.mean()), float(top1), float(cosine), float(entropy.mean()), loss_kl, loss_entropy
+    p_original = p_quantized = 0.0
+    if next_ids is not None:
+        index = next_ids.to(kl.device)[mask].unsqueeze(-1)
+        p_original = float(ref_logp[mask].gather(-1, index).exp().sum())
+        p_quantized = float(q_logp[mask].gather(-1, index).exp().sum())
+    return Comparison(
+        float(kl.mean()),
+        float(top1),
+        float(cosine),
+        float(entropy.mean()),
+        float(kl[mask].sum()) / picked,
+        float(entropy[mask].sum()) / picked,
+        p_original,
+        p_quantized,
+    )
+
+
+def next_token_ids(ids: list[int]) -> torch.Tensor:
+    """The reference next token of each position (the input shifted by one; the last position,
+    which predicts nothing in the input, gets its own token and is never in a loss mask)."""
+    return torch.tensor([*ids[1:], ids[-1]], dtype=torch.long)
 
 
 def loss_positions(ids: list[int], prompt_length: int, media_ids: set[int]) -> tuple[torch.Tensor, str]:
@@ -238,8 +281,8 @@ def measure_drift(
             ids = inputs["input_ids"][0].tolist()
             answer_start = _common_prefix(prompt["input_ids"][0].tolist(), ids)
             mask, scope = loss_positions(ids, answer_start, media_ids)
-            kl, top1, cosine, entropy, loss_kl, loss_entropy = _compare_logits(
-                original(**inputs).logits[0], quantized(**inputs).logits[0], mask
+            compared = _compare_logits(
+                original(**inputs).logits[0], quantized(**inputs).logits[0], mask, next_token_ids(ids)
             )
             start = prompt["input_ids"].shape[1]
             a = original.generate(**prompt, max_new_tokens=greedy_tokens, do_sample=False)[0, start:].tolist()
@@ -253,15 +296,18 @@ def measure_drift(
                 task=row["task"],
                 modality=row["modality"],
                 positions=int(inputs["input_ids"].shape[1]),
-                kl=round(kl, 6),
-                top1=round(top1, 4),
-                cosine=round(cosine, 6),
+                kl=round(compared.kl, 6),
+                top1=round(compared.top1, 4),
+                cosine=round(compared.cosine, 6),
                 greedy_prefix=round(agree / max(1, greedy_tokens), 4),
-                entropy=round(entropy, 6),
+                entropy=round(compared.entropy, 6),
                 loss_scope=scope,
                 loss_positions=int(mask.sum()),
-                loss_kl=float(f"{loss_kl:.6g}"),  # significant figures: FP8's KL is ~1e-6
-                loss_entropy=float(f"{loss_entropy:.6g}"),
+                loss_kl=float(f"{compared.loss_kl:.6g}"),  # significant figures: FP8's KL is ~1e-6
+                loss_entropy=float(f"{compared.loss_entropy:.6g}"),
+                # Unrounded: the loss is 1 - their ratio, and FP8's is ~1e-3.
+                loss_p_original=compared.loss_p_original,
+                loss_p_quantized=compared.loss_p_quantized,
             )
         )
     by_modality: dict[str, list[SampleDrift]] = defaultdict(list)
