@@ -258,7 +258,8 @@ def test_task_loss_is_the_drop_of_answer_accuracy_recomputed_from_both_models_lo
     processor = adapter.load_processor(checkpoint)
     original = adapter.load_model(model, dtype=saved_dtype(model))
     quantized = adapter_for(checkpoint).load_model(checkpoint, dtype=saved_dtype(checkpoint))
-    sums = {"answer": [0.0] * 4, "every": [0.0] * 4}  # p_quantized(y), p_original(y), KL, entropy
+    # p_quantized(y), p_original(y), KL, entropy, positions
+    sums = {"answer": [0.0] * 5, "every": [0.0] * 5}
     for sample in (s for s in measured if s["task"] == task):
         row = rows[sample["id"]]
         assert row["messages"][-1]["role"] == "assistant"
@@ -280,10 +281,13 @@ def test_task_loss_is_the_drop_of_answer_accuracy_recomputed_from_both_models_lo
         for name, part in (("answer", answer), ("every", slice(None))):
             for i, figure in enumerate((p_q, p_ref, kl, entropy)):
                 sums[name][i] += float(figure[part].sum())
-    answer_loss, every_loss = (100 * (1 - pq / pref) for pq, pref, _, _ in sums.values())
+            sums[name][4] += len(kl[part])
+    # Percentage points of expected answer-token accuracy: the drop of the summed probability
+    # over the number of positions.
+    answer_loss, every_loss = (100 * (pref - pq) / n for pq, pref, _, _, n in sums.values())
     assert four.losses[task] == pytest.approx(answer_loss, rel=1e-4, abs=1e-4)
     assert answer_loss != pytest.approx(every_loss, rel=1e-2)  # the answer's positions only
-    kl, entropy = sums["answer"][2:]
+    kl, entropy = sums["answer"][2:4]
     assert four.kl_losses[task] == pytest.approx(100 * kl / entropy, rel=1e-3)
     build = json.loads((setup["out"] / "build.json").read_text())
     assert "accuracy" in build["loss"] and "kl_losses" in build["loss"]

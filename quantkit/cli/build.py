@@ -64,7 +64,7 @@ def build(
         float | None,
         typer.Option(
             "--max-loss",
-            help="The most any task may lose, percent (default: each target's max_loss in "
+            help="The most any task may lose, percentage points (default: each target's max_loss in "
             "targets.yaml). Loss: " + LOSS_DEFINITION,
         ),
     ] = None,

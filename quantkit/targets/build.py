@@ -26,15 +26,16 @@ from quantkit.fsutil import check_model_folder, check_writable, refuse_overlap, 
 
 BUILD_FILE = "build.json"
 LOSS_DEFINITION = (
-    "the loss of a task is the relative drop of its expected teacher-forced answer accuracy: "
-    "100 x (1 - sum of p_quantized(y) / sum of p_original(y)), over the positions that predict "
-    "the answer's tokens (the last assistant turn, what the task's accuracy is scored on; prompt "
-    "and media positions do not count) in the task's held-out calibration samples, y being the "
-    "answer's own next token there; negative is a gain. A sample without answer tokens counts its "
-    "text positions instead (build.json lists it under text_scope_samples). build.json also "
-    "records, as kl_losses, 100 x sum of KL(original || quantized) / sum of the original's "
-    "entropy at the same positions (informative, not gated on). With --eval-tasks, each skills "
-    "task also counts 100% - recovery (checkpoint score / original score)."
+    "the loss of a task is the drop of its expected teacher-forced answer-token accuracy, in "
+    "percentage points: 100 x (sum of p_original(y) - sum of p_quantized(y)) / the number of "
+    "positions, over the positions that predict the answer's tokens (the last assistant turn, "
+    "what the task's accuracy is scored on; prompt and media positions do not count) in the "
+    "task's held-out calibration samples, y being the answer's own next token there; negative is "
+    "a gain. A sample without answer tokens counts its text positions instead (build.json lists "
+    "it under text_scope_samples). build.json also records, as kl_losses, 100 x sum of "
+    "KL(original || quantized) / sum of the original's entropy at the same positions "
+    "(informative, not gated on). With --eval-tasks, each skills task also counts 100% - "
+    "recovery (checkpoint score / original score)."
 )
 ORDER_RULE = (
     "the target's recipe is tried first; when it misses the budget or fails its checks, the "
@@ -43,7 +44,7 @@ ORDER_RULE = (
     "sizes in the file's order), so the first that passes every task is the smallest that passes "
     "and the larger ones are not built"
 )
-LOSS_VERSION = "answer-accuracy-1"
+LOSS_VERSION = "answer-accuracy-points-2"
 _CARD_START, _CARD_END = "<!-- quantkit:build:start -->", "<!-- quantkit:build:end -->"
 
 
@@ -197,11 +198,11 @@ def _percent(value: float) -> float:
 
 
 def task_losses(drift) -> dict[str, float]:
-    """Per task, percent: the relative drop of the expected teacher-forced answer accuracy,
-    100 x (1 - sum p_quantized(y) / sum p_original(y)) over the loss positions of its samples
-    (LOSS_DEFINITION; SampleDrift.loss_p_*)."""
-    sums = _task_sums(drift, lambda s: s.loss_p_quantized, lambda s: s.loss_p_original)
-    return {task: _percent(100.0 * (1.0 - q / orig)) for task, (q, orig) in sums.items()}
+    """Per task, percentage points: the drop of the expected teacher-forced answer-token accuracy,
+    100 x (sum p_original(y) - sum p_quantized(y)) / number of positions, over the loss positions
+    of its samples (LOSS_DEFINITION; SampleDrift.loss_p_*, loss_positions)."""
+    sums = _task_sums(drift, lambda s: s.loss_p_original - s.loss_p_quantized, lambda s: s.loss_positions)
+    return {task: _percent(100.0 * drop / positions) for task, (drop, positions) in sums.items()}
 
 
 def task_kl_losses(drift) -> dict[str, float]:
