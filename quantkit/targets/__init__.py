@@ -85,7 +85,7 @@ class Target(BaseModel):
     recipe: str
     why: str
     max_loss: StrictFloat = Field(
-        DEFAULT_MAX_LOSS, ge=0, le=100, description="the most a task may lose, percent (`build --max-loss`)"
+        DEFAULT_MAX_LOSS, ge=0, le=100, description="the most a task may lose, percentage points (`build --max-loss`)"
     )
     avg_bits: list[StrictFloat] = Field(
         [],

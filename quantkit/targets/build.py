@@ -453,7 +453,7 @@ def build_checkpoints(
 ) -> BuildReport:
     """Build each target's chain until a candidate meets its accuracy budget (ORDER_RULE).
 
-    ``max_loss`` (percent per task) overrides every target's ``max_loss``; the loss is drift on
+    ``max_loss`` (percentage points per task) overrides every target's ``max_loss``; the loss is drift on
     ``drift_samples`` held-out calibration samples (LOSS_DEFINITION) and, with ``eval_tasks``
     (skills task names of the model's skills.json, or ``skills`` for all), 100% - recovery on
     ``eval_items`` items per task. A target that fails (bad input, failed proof, failed checks,
