@@ -38,10 +38,12 @@ $(VLLM_STAMP): requirements-vllm.lock
 # (the taxonomy's other tasks), then one checkpoint per hardware target (every recipe), each audited,
 # drift-checked and run in vLLM, and last the per-task accuracy of the original and each checkpoint
 # on held-out items (a task losing more than 3% shows red and make reports the error as ignored).
-# The build's accuracy gate runs at 3% per task here, not the targets' 1.5%: each task of this tiny
-# model is judged on one or two held-out samples, and at 1.5% its FP8 candidates fail on one
-# (video_caption 2.07% for fp8, product_segmentation 1.55% for fp8-dynamic) and w4a16 is promoted to
-# 4.5 bits (asr 2.11% at 4 bits, 0.16% at 4.5).
+# The build's accuracy gate is the targets' own 1.5 points of expected answer-token accuracy per
+# task, and every target keeps its own recipe, the first candidate (measured on the held-out
+# samples, one per task, 12 of the 32 asked for; worst task, points: fp8 (h20, hopper)
+# visual_grounding 0.027, fp8-dynamic (l40s) visual_grounding 0.23, w4a16 (rtx4090) text_chat
+# 0.095, w8a8-sq-gptq (ampere, cpu) short_caption 0.11; the other tasks lie between -0.39 and
+# those, a negative loss being a gain).
 demo: install vllm-env
 	rm -rf $(DEMO)
 	$(BIN)/quantkit zoo build tiny-omni-skills --output $(DEMO)/models/tiny-omni-skills
@@ -51,7 +53,7 @@ demo: install vllm-env
 		--size 120 --model $(DEMO)/models/tiny-omni-skills --max-seq-len 2048
 	COLUMNS=160 $(BIN)/quantkit build $(foreach t,h20 hopper l40s rtx4090 ampere cpu,--target $(t)) \
 		--model $(DEMO)/models/tiny-omni-skills --calib $(DEMO)/calib --num-samples 32 \
-		--output-root $(DEMO)/checkpoints --vllm --max-loss 3
+		--output-root $(DEMO)/checkpoints --vllm --max-loss 1.5
 	-COLUMNS=160 $(BIN)/quantkit eval $(DEMO)/models/tiny-omni-skills $(DEMO)/checkpoints/*/ \
 		--tasks skills --limit 64 --max-loss 3
 

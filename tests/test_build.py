@@ -61,7 +61,7 @@ def test_invalid_targets_file_names_field(tmp_path):
 @pytest.mark.slow
 def test_build_two_targets_then_rerun_skips(zoo_model, omni_calib, tmp_path):
     model = zoo_model("tiny-qwen2.5-omni")
-    out = tmp_path / "out"
+    out = tmp_path / "checkpoints"  # the workflow's output root
     args = ["build", "--target", "rtx4090", "--target", "l40s", "--model", str(model)]
     args += [
         "--calib",
@@ -86,6 +86,12 @@ def test_build_two_targets_then_rerun_skips(zoo_model, omni_calib, tmp_path):
         assert (checkpoint / "quantkit.json").is_file() and (checkpoint / "verify.json").is_file()
         assert entry["status"] == "passed" and entry["drift"]["kl"] > 0
     assert by_recipe["w4a16"]["size_ratio"] < 0.3  # int4 plus group scales
+    # The CI workflow uploads each target's kept checkpoint only.
+    kept = {t["name"]: t["checkpoint"] for t in build["targets"]}
+    assert (
+        run_kept_checkpoint_step(tmp_path, "rtx4090") == kept["rtx4090"] == by_recipe["w4a16"]["checkpoint"]
+    )
+    assert run_kept_checkpoint_step(tmp_path, "h20") == "checkpoints/build.json"  # not built here
     # Same inputs: both are skipped.
     second = runner.invoke(app, args)
     assert second.exit_code == 0, second.output
@@ -153,6 +159,35 @@ def test_workflow_is_valid_and_runs_the_tested_commands():
         assert option in build
     uploads = [step for step in job["steps"] if step.get("uses", "").startswith("actions/upload-artifact")]
     assert uploads and "checkpoints/build.json" in uploads[0]["with"]["path"]
+    # Only the kept checkpoint, as build.json names it (test_build_two_targets_then_rerun_skips
+    # runs the step on a real build.json), not every candidate folder.
+    assert uploads[0]["with"]["path"].splitlines() == [
+        "${{ steps.kept.outputs.path }}",
+        "checkpoints/build.json",
+    ]
+    assert "build.json" in kept_checkpoint_step(workflow)
+
+
+def kept_checkpoint_step(workflow: dict) -> str:
+    (step,) = [s for s in workflow["jobs"]["build"]["steps"] if s.get("id") == "kept"]
+    return step["run"]
+
+
+def run_kept_checkpoint_step(folder: Path, target: str) -> str:
+    """The workflow's step that finds the kept checkpoint, run in ``folder`` (which holds
+    checkpoints/build.json) for ``target``: the path it hands the upload step."""
+    import subprocess
+    import sys
+
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "checkpoints.yml").read_text())
+    command = kept_checkpoint_step(workflow).replace("${{ matrix.target }}", target)
+    command = command.replace(".venv/bin/python", shlex.quote(sys.executable))
+    output = folder / "github-output"
+    output.write_text("")
+    subprocess.run(["bash", "-c", command], cwd=folder, env={"GITHUB_OUTPUT": str(output)}, check=True)
+    (line,) = output.read_text().splitlines()
+    assert line.startswith("path=")
+    return line.removeprefix("path=")
 
 
 @pytest.mark.parametrize(
@@ -165,6 +200,9 @@ def test_workflow_is_valid_and_runs_the_tested_commands():
         ),
         ("{recipe: fp8, when: {task_loss_above: 1.5, sometimes: true}, why: x}", "sometimes"),
         ("{recipe: fp8, when: {task_loss_above: 150}, why: x}", "a percent"),
+        # Strict types: YAML's true is not the number 1, nor 1 the boolean true.
+        ("{recipe: fp8, when: {task_loss_above: true}, why: x}", "a valid number"),
+        ("{recipe: fp8, when: {no_calibration_data: 1}, why: x}", "a valid boolean"),
     ],
 )
 def test_fallback_when_is_a_checked_condition(tmp_path, fallback, message):
@@ -176,6 +214,27 @@ def test_fallback_when_is_a_checked_condition(tmp_path, fallback, message):
     with pytest.raises(InputError, match=message) as err:
         load_targets(bad)
     assert err.value.line == 8 and "fallbacks.0.when" in str(err.value)
+    assert str(err.value).startswith(f"{bad}:8: target 'x': ")  # the file, its line, the target
+
+
+def test_a_recipe_twice_in_a_chain_is_refused_naming_the_target(tmp_path):
+    bad = tmp_path / "targets.yaml"
+    bad.write_text(
+        "version: 1\ntargets:\n  - {name: a, hardware: [A], recipe: fp8, why: t}\n"
+        "  - name: b\n    hardware: [A]\n    recipe: w4a16\n    why: t\n    fallbacks:\n"
+        "      - {recipe: fp8, when: {task_loss_above: max_loss}, why: x}\n"
+        "      - {recipe: fp8, when: {on_request: true}, why: y}\n"
+    )
+    with pytest.raises(InputError, match="fp8 more than once") as err:
+        load_targets(bad)
+    assert str(err.value).startswith(f"{bad}:4: target 'b': ")
+    bad.write_text(
+        bad.read_text()
+        .replace("recipe: w4a16", "recipe: fp8")
+        .replace("recipe: fp8, when: {on", "recipe: fp8-dynamic, when: {on")
+    )
+    with pytest.raises(InputError, match="fp8 more than once"):  # a fallback repeating the recipe
+        load_targets(bad)
 
 
 def test_avg_bits_steps_only_for_4bit_group_recipes_and_rising(tmp_path):
@@ -218,3 +277,16 @@ def test_build_refuses_bad_gate_options_before_building(zoo_model, tmp_path):
     too_much = runner.invoke(app, [*base, "--max-loss", "150"])
     assert too_much.exit_code == 2 and "--max-loss 150" in too_much.output
     assert not (tmp_path / "out" / "build.json").exists()
+
+
+def test_loss_positions_are_the_answer_or_else_the_text():
+    """`build`'s loss mask: the positions predicting the answer's tokens; without an answer (the
+    prompt rendering covers the whole sample), those predicting text, not media placeholders."""
+    from quantkit.verify.drift import ANSWER_SCOPE, TEXT_SCOPE, loss_positions
+
+    ids = [1, 9, 9, 9, 2, 5, 6, 7]  # 9: an image placeholder; the answer starts at index 5
+    mask, scope = loss_positions(ids, 5, {9})
+    assert scope == ANSWER_SCOPE and mask.tolist() == [False] * 4 + [True] * 3 + [False]
+    mask, scope = loss_positions(ids, len(ids), {9})
+    assert scope == TEXT_SCOPE
+    assert mask.tolist() == [False, False, False, True, True, True, True, False]

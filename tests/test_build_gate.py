@@ -90,7 +90,7 @@ def test_primary_over_budget_ends_on_a_promoted_or_fallback_candidate(setup, tmp
     result = runner.invoke(app, [*args, *CLI_OPTIONS])
     assert result.exit_code == 0, result.output
     build = json.loads((setup["out"] / "build.json").read_text())
-    (gated,) = build["targets"]
+    (gated,) = [t for t in build["targets"] if t["name"] == "gated"]  # build.json merges by target
     chain = gated["chain"]
     assert chain[0]["recipe"] == worse.recipe and chain[0]["avg_bits"] is None
     assert chain[0]["verdict"] == "over budget" and chain[0]["cached"] is True  # measured above
@@ -103,7 +103,9 @@ def test_primary_over_budget_ends_on_a_promoted_or_fallback_candidate(setup, tmp
     assert f"Target gated: candidates tried (budget {budget}% per task)" in result.output
     # The card of the kept checkpoint records the chain and what "loss" means.
     card = (Path(kept["checkpoint"]) / "README.md").read_text()
-    assert "## Build: accuracy gate" in card and "KL(original || quantized)" in card
+    assert (
+        "## Build: accuracy gate" in card and "p_quantized(y)" in card and "KL(original || quantized)" in card
+    )
     assert f"| 1 | {worse.recipe} | - |" in card and "over budget" in card
 
 
@@ -113,13 +115,15 @@ def test_a_4bit_recipe_over_budget_is_promoted_before_the_fallbacks(setup, tmp_p
     file = targets_file(
         tmp_path, target("promote", "w4a16", budget, avg_bits=[5.0], fallbacks=["fp8-dynamic"])
     )
+    # An earlier test of this module may have built the promotion already (when w4a16 is "worse").
+    built_before = any(setup["out"].glob("*-w4a16-avg5/quantkit.json"))
     report = build_checkpoints(
         setup["model"], setup["out"], ["promote"], calib=setup["calib"], targets_file=file, **OPTIONS
     )
     (built,) = report.targets
     first, promoted = built.chain[:2]
     assert (first.recipe, first.verdict, first.cached) == ("w4a16", "over budget", True)
-    assert (promoted.recipe, promoted.avg_bits, promoted.cached) == ("w4a16", 5.0, False)
+    assert (promoted.recipe, promoted.avg_bits, promoted.cached) == ("w4a16", 5.0, built_before)
     assert promoted.size_ratio > first.size_ratio  # the most sensitive layers went to 8 bits
     precision = json.loads((Path(promoted.checkpoint) / "quantkit.json").read_text())["precision"]
     assert precision["avg_bits_requested"] == 5.0
@@ -145,7 +149,7 @@ def test_nothing_meets_the_budget_fails_that_target_only(setup, tmp_path):
     assert "Target tight: candidates tried" in result.output and "no candidate meets" in result.output
     build = json.loads((setup["out"] / "build.json").read_text())
     assert build["passed"] is False
-    tight, loose = build["targets"]
+    tight, loose = ({t["name"]: t for t in build["targets"]}[name] for name in ("tight", "loose"))
     assert tight["status"] == "failed" and tight["checkpoint"] is None
     steps = [(s["recipe"], s["verdict"]) for s in tight["chain"]]
     assert steps == [(worse.recipe, "over budget"), (better.recipe, "over budget")]
@@ -155,9 +159,13 @@ def test_nothing_meets_the_budget_fails_that_target_only(setup, tmp_path):
     # The other target in the same command built.
     assert loose["status"] == "passed" and (Path(loose["checkpoint"]) / "quantkit.json").is_file()
     assert loose["chain"][0]["recipe"] == "fp8" and loose["chain"][0]["cached"] is False
-    # The card of a candidate nothing kept says so, and why.
-    card = (Path(tight["chain"][0]["checkpoint"]) / "README.md").read_text()
-    assert "did not keep this checkpoint" in card and "Not kept for target `tight`" in card
+    # The card of a candidate tight did not keep says why, and whether another target keeps it
+    # (build.json merges the targets of earlier runs on this output root).
+    folder = tight["chain"][0]["checkpoint"]
+    (entry,) = [c for c in [*build["checkpoints"], *build["earlier"]] if c["checkpoint"] == folder]
+    card = (Path(folder) / "README.md").read_text()
+    verdict = "kept this checkpoint" if entry["kept_for"] else "did not keep this checkpoint for any target"
+    assert verdict in card and "Not kept for target `tight`" in card
 
 
 def test_rebuilt_chain_reuses_cached_candidates(setup, tmp_path):
@@ -226,3 +234,166 @@ def test_a_gate_with_nothing_to_measure_on_is_refused_before_any_quantize(setup,
     assert message in " ".join(result.output.split())
     built = list((tmp_path / "out").glob("*-w4a16")) if (tmp_path / "out").exists() else []
     assert not built
+
+
+def test_task_loss_is_the_drop_of_answer_accuracy_recomputed_from_both_models_logits(setup):
+    """The loss of a task is the relative drop of the expected teacher-forced accuracy on the
+    answer's tokens (the last assistant turn), not the prompt's or the media's: recomputed here
+    from both models' logits on the samples the build measured, with the KL / entropy figure
+    beside it (kl_losses)."""
+    import torch
+
+    from quantkit.models.adapters import adapter_for
+    from quantkit.models.inputs import Sample, processor_inputs
+    from quantkit.quantize.run import saved_dtype
+
+    four = next(m for m in (setup["worse"], setup["better"]) if m.recipe == "w4a16")
+    checkpoint, model = Path(four.checkpoint), setup["model"]
+    measured = json.loads((checkpoint / "verify.json").read_text())["drift"]["samples"]
+    rows = {
+        row["id"]: row for row in map(json.loads, (setup["calib"] / "samples.jsonl").read_text().splitlines())
+    }
+    task = max(four.losses, key=four.losses.__getitem__)
+    adapter = adapter_for(model)
+    processor = adapter.load_processor(checkpoint)
+    original = adapter.load_model(model, dtype=saved_dtype(model))
+    quantized = adapter_for(checkpoint).load_model(checkpoint, dtype=saved_dtype(checkpoint))
+    # p_quantized(y), p_original(y), KL, entropy, positions
+    sums = {"answer": [0.0] * 5, "every": [0.0] * 5}
+    for sample in (s for s in measured if s["task"] == task):
+        row = rows[sample["id"]]
+        assert row["messages"][-1]["role"] == "assistant"
+        full = Sample.from_row(row)
+        prompt = Sample(row["messages"][:-1], full.images, full.videos, full.audios)
+        inputs = processor_inputs(processor, full)
+        start = processor_inputs(processor, prompt, add_generation_prompt=True)["input_ids"].shape[1]
+        with torch.no_grad():
+            ref = torch.log_softmax(original(**inputs).logits[0].float(), -1)
+            q = torch.log_softmax(quantized(**inputs).logits[0].float(), -1)
+        ids = inputs["input_ids"][0]
+        kl, entropy = (ref.exp() * (ref - q)).sum(-1)[:-1], -(ref.exp() * ref).sum(-1)[:-1]
+        # Position t predicts token t + 1: the reference next token is the input's own.
+        p_ref = ref[:-1].gather(-1, ids[1:, None]).exp()[:, 0]
+        p_q = q[:-1].gather(-1, ids[1:, None]).exp()[:, 0]
+        answer = slice(start - 1, None)
+        assert 0 < len(kl[answer]) < len(kl)
+        assert sample["loss_positions"] == len(kl[answer]) and sample["loss_scope"] == "answer"
+        for name, part in (("answer", answer), ("every", slice(None))):
+            for i, figure in enumerate((p_q, p_ref, kl, entropy)):
+                sums[name][i] += float(figure[part].sum())
+            sums[name][4] += len(kl[part])
+    # Percentage points of expected answer-token accuracy: the drop of the summed probability
+    # over the number of positions.
+    answer_loss, every_loss = (100 * (pref - pq) / n for pq, pref, _, _, n in sums.values())
+    assert four.losses[task] == pytest.approx(answer_loss, rel=1e-4, abs=1e-4)
+    assert answer_loss != pytest.approx(every_loss, rel=1e-2)  # the answer's positions only
+    kl, entropy = sums["answer"][2:4]
+    assert four.kl_losses[task] == pytest.approx(100 * kl / entropy, rel=1e-3)
+    build = json.loads((setup["out"] / "build.json").read_text())
+    assert "accuracy" in build["loss"] and "kl_losses" in build["loss"]
+    assert all(c["text_scope_samples"] == [] for c in build["checkpoints"])  # every row has an answer
+    assert all(set(c["kl_losses"]) == set(c["losses"]) for c in build["checkpoints"])
+
+
+def test_a_quantized_copy_identical_to_the_original_loses_nothing(setup, tmp_path):
+    """The loss is 0 on every task (and so is the KL figure) when the checkpoint's outputs are the
+    original's: a copy of the original measured as the build measures its candidates."""
+    import shutil
+
+    from quantkit.targets.build import task_kl_losses, task_losses
+    from quantkit.verify.drift import measure_drift
+
+    copy = tmp_path / "copy"
+    shutil.copytree(setup["model"], copy)
+    drift = measure_drift(
+        setup["model"], copy, setup["calib"], num_samples=4, exclude_ids=set(), stratify_by="task"
+    )
+    losses = task_losses(drift)
+    assert losses and set(losses.values()) == {0.0}
+    assert set(task_kl_losses(drift).values()) == {0.0}
+
+
+def test_a_library_error_is_a_failed_candidate_and_the_smallest_passing_candidate_is_kept(
+    setup, tmp_path, monkeypatch
+):
+    """A library's error (not a QuantkitError) in one candidate: recorded with its type, message
+    and traceback, the chain goes on to its smallest passing fallback, listed after a larger one;
+    a target with nothing else fails, and the command exits 1. The error is raised where a kernel
+    would raise it, inside quantize (no library is replaced)."""
+    import quantkit.quantize
+    from quantkit.quantize import plan
+    from quantkit.recipes import get_recipe
+
+    real = quantkit.quantize.quantize
+
+    def kernel_fails_on_fp8_block(model_dir, output, recipe, *args, **kwargs):
+        if recipe.name == "fp8-block":  # a recipe no other test here builds (none cached)
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(model_dir, output, recipe, *args, **kwargs)
+
+    monkeypatch.setattr(quantkit.quantize, "quantize", kernel_fails_on_fp8_block)
+    size = {
+        name: plan(setup["model"], get_recipe(name), []).checkpoint_bytes for name in ("w4a16", "fp8-dynamic")
+    }
+    larger, smaller = sorted(size, key=size.__getitem__, reverse=True)
+    file = targets_file(
+        tmp_path,
+        target("smallest", "fp8-block", fallbacks=[larger, smaller]),  # the larger fallback listed first
+        target("broken", "fp8-block"),
+    )
+    args = ["build", "--target", "broken", "--target", "smallest", "--model", str(setup["model"])]
+    args += ["--calib", str(setup["calib"]), "--output-root", str(setup["out"]), "--targets-file", str(file)]
+    result = runner.invoke(app, [*args, *CLI_OPTIONS])
+    assert result.exit_code == 1, result.output  # a target failed; not a crash
+    assert "RuntimeError: CUDA error" in result.output and "Traceback" not in result.output
+    build = json.loads((setup["out"] / "build.json").read_text())
+    (failed,) = [c for c in build["checkpoints"] if c["recipe"] == "fp8-block"]
+    assert failed["status"] == "error" and failed["reasons"] == [
+        "RuntimeError: CUDA error: an illegal memory access was encountered"
+    ]
+    assert failed["traceback"].startswith("Traceback") and "kernel_fails_on_fp8_block" in failed["traceback"]
+    targets = {t["name"]: t for t in build["targets"]}
+    assert targets["broken"]["status"] == "failed" and targets["broken"]["checkpoint"] is None
+    chain = targets["smallest"]["chain"]
+    # The smaller fallback is tried before the larger one, passes, and the larger is not built.
+    assert [(s["recipe"], s["verdict"]) for s in chain] == [("fp8-block", "error"), (smaller, "kept")]
+    assert chain[1]["predicted_bytes"] == size[smaller]
+    assert targets["smallest"]["status"] == "passed" and "smallest first" in build["order"]
+    card = (Path(chain[1]["checkpoint"]) / "README.md").read_text()
+    assert "smallest first" in card
+
+
+def test_build_json_and_cards_merge_by_target_and_stay_honest(setup, tmp_path):
+    """A run for one target keeps the other targets' records and card sections; a rerun of a
+    target replaces its own; a candidate an earlier run kept that no target keeps now says so."""
+    worse, better = setup["worse"], setup["better"]
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    file1 = targets_file(first, target("twin-1", worse.recipe), target("moving", worse.recipe))
+    file2 = targets_file(second, target("twin-2", worse.recipe), target("moving", better.recipe))
+    common = {"calib": setup["calib"], **OPTIONS}
+    build_checkpoints(setup["model"], setup["out"], ["twin-1", "moving"], targets_file=file1, **common)
+    build_checkpoints(setup["model"], setup["out"], ["twin-2"], targets_file=file2, **common)
+
+    def records() -> tuple[dict, dict]:
+        data = json.loads((setup["out"] / "build.json").read_text())
+        names = [t["name"] for t in data["targets"]]
+        assert len(names) == len(set(names))  # one record a target
+        entries = {c["checkpoint"]: c for c in [*data["checkpoints"], *data["earlier"]]}
+        return {t["name"]: t for t in data["targets"]}, entries
+
+    targets, _ = records()
+    assert {"twin-1", "twin-2", "moving"} <= set(targets)
+    card = (Path(worse.checkpoint) / "README.md").read_text()
+    assert "Target `twin-1`" in card and "Target `twin-2`" in card and "Target `moving`" in card
+    # moving again, now on the other recipe: its record is replaced, the twins' stay.
+    build_checkpoints(setup["model"], setup["out"], ["moving"], targets_file=file2, **common)
+    targets, entries = records()
+    assert targets["moving"]["checkpoint"] == better.checkpoint
+    assert targets["twin-1"]["checkpoint"] == targets["twin-2"]["checkpoint"] == worse.checkpoint
+    assert "moving" not in entries[worse.checkpoint]["kept_for"]
+    assert {"twin-1", "twin-2"} <= set(entries[worse.checkpoint]["kept_for"])
+    assert "moving" in entries[better.checkpoint]["kept_for"]
+    card = (Path(worse.checkpoint) / "README.md").read_text()
+    assert "Target `moving`" not in card and "Target `twin-1`" in card
+    assert "Target `moving`" in (Path(better.checkpoint) / "README.md").read_text()

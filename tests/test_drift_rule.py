@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from quantkit.verify.drift import (
     MIN_GROUP_POSITIONS,
     DriftReport,
@@ -60,3 +62,27 @@ def test_bad_samples_spread_over_small_groups_fail_on_the_whole_set():
 def test_one_long_sample_is_enough_to_judge():
     report = _report([_sample(0, "video", "temporal_grounding", 0.6, positions=MIN_GROUP_POSITIONS)])
     assert any(b.startswith("modality video: top-1") for b in report.breaches)
+
+
+def test_build_loss_is_the_drop_of_expected_answer_accuracy_in_points_and_a_gain_is_negative():
+    """`build`'s per-task loss is the drop of the summed probability of the reference answer
+    tokens over the task's samples divided by their number of positions (percentage points of
+    expected accuracy, so a task the original barely answers has little to lose); a quantized
+    model surer of them gains (< 0)."""
+    from quantkit.targets.build import task_losses
+
+    def scored(i, task, positions, p_original, p_quantized):
+        item = _sample(i, "text", task, 1.0)
+        item.loss_positions, item.loss_p_original, item.loss_p_quantized = positions, p_original, p_quantized
+        return item
+
+    samples = [
+        scored(0, "qa", 10, 8.0, 7.0),
+        scored(1, "qa", 30, 2.0, 2.0),
+        scored(2, "chat", 10, 5.0, 5.5),
+        scored(3, "rare", 20, 0.02, 0.001),  # the original gives its answer ~0: the ratio would be 95%
+    ]
+    losses = task_losses(_report(samples))
+    assert losses["qa"] == pytest.approx(100 * (10.0 - 9.0) / 40)  # not the mean of the samples' drops
+    assert losses["rare"] == pytest.approx(100 * (0.02 - 0.001) / 20)
+    assert losses["chat"] < 0

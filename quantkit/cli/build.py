@@ -64,7 +64,7 @@ def build(
         float | None,
         typer.Option(
             "--max-loss",
-            help="The most any task may lose, percent (default: each target's max_loss in "
+            help="The most any task may lose, percentage points (default: each target's max_loss in "
             "targets.yaml). Loss: " + LOSS_DEFINITION,
         ),
     ] = None,
@@ -84,14 +84,20 @@ def build(
 ) -> None:
     """Make one checkpoint per hardware target: quantize with the target's recipe, verify it
     (audit, drift against the original per modality and task, and with --vllm a vLLM run), and
-    gate it on accuracy: when a task loses more than --max-loss, try the recipe at the target's
-    avg_bits steps (most sensitive layers at 8 bits), then its fallbacks whose `when` holds, and
-    keep the first candidate that passes every task.
+    gate it on accuracy: when a task loses more than --max-loss (or the checkpoint fails its
+    checks), try the recipe at the target's avg_bits steps (most sensitive layers at 8 bits) and
+    its fallbacks whose `when` holds, smallest first by the checkpoint size quantize's plan
+    predicts from the config (equal sizes in targets.yaml's order), and keep the first that
+    passes every task: the smallest passing candidate; larger ones are not built.
 
     Targets sharing a candidate share its checkpoint; all share one processed-feature cache. A
     target none of whose candidates passes fails with the table of every candidate tried; the
-    others still build; the exit code is 1 if any failed. A re-run reuses candidates whose inputs
-    did not change and that passed their checks (unless --force). The gate costs nothing when the
+    others still build; the exit code is 1 if any failed. A candidate a library error stops is a
+    failed candidate (the error's type and message here, its traceback in build.json) and the
+    chain goes on. A re-run reuses candidates whose inputs did not change and that passed their
+    checks (unless --force); build.json keeps the targets earlier runs built into the same
+    --output-root (a target built again replaces its own record), and each candidate's card says
+    which targets keep it now. The gate costs nothing when the
     target's recipe passes (its losses come from the drift check verify runs anyway); each further
     candidate costs one quantize and verify (and --eval-tasks one scoring per candidate).
 
@@ -180,7 +186,7 @@ def print_build_summary(report) -> None:
             missing = t.chain[-1].unmeasured
             console.print(
                 f"[yellow]{t.name}: {len(missing)} task(s) of the calibration set not measured "
-                f"(no held-out sample, or zero entropy): {', '.join(missing)}[/]"
+                f"(no held-out sample): {', '.join(missing)}[/]"
             )
     console.print(f"build.json in {report.output_root}")
 

@@ -1,14 +1,15 @@
 """Stage 6: hardware targets (``recipes/targets.yaml``) and the build that makes one checkpoint
-per target (quantkit.targets.build): quantize, verify, and keep the first candidate of the
-target's chain that meets its accuracy budget."""
+per target (quantkit.targets.build): quantize, verify, and keep the smallest candidate of the
+target's chain that meets its accuracy budget (quantkit.targets.build.ORDER_RULE)."""
 
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, field_validator, model_validator
 
 from quantkit.datafile import load_yaml_model
 from quantkit.errors import InputError
@@ -25,13 +26,13 @@ class When(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    task_loss_above: float | Literal["max_loss"] | None = Field(
+    task_loss_above: StrictFloat | Literal["max_loss"] | None = Field(
         None,
-        description="tried when the candidate before it failed: a task lost more than this percent "
+        description="tried when the target's recipe failed: a task lost more than this percent "
         "(max_loss: the build's budget), or it failed its checks",
     )
-    no_calibration_data: bool = Field(False, description="tried when the build has no --calib")
-    on_request: bool = Field(
+    no_calibration_data: StrictBool = Field(False, description="tried when the build has no --calib")
+    on_request: StrictBool = Field(
         False, description="never tried by the build on its own: the why says when a person picks it"
     )
 
@@ -83,15 +84,44 @@ class Target(BaseModel):
     hardware: list[str] = Field(min_length=1)
     recipe: str
     why: str
-    max_loss: float = Field(
-        DEFAULT_MAX_LOSS, ge=0, le=100, description="the most a task may lose, percent (`build --max-loss`)"
+    max_loss: StrictFloat = Field(
+        DEFAULT_MAX_LOSS, ge=0, le=100, description="the most a task may lose, percentage points (`build --max-loss`)"
     )
-    avg_bits: list[float] = Field(
+    avg_bits: list[StrictFloat] = Field(
         [],
         description="4-bit group recipes: --avg-bits steps tried, in order, when the recipe loses too "
         "much (the last is the cap)",
     )
     fallbacks: list[Fallback] = []
+
+    @model_validator(mode="after")
+    def _chain_is_sound(self) -> Target:
+        """Recipes that exist, each once in the chain; avg_bits steps for 4-bit group recipes, rising."""
+        from quantkit.precision.mixed import HIGH_BITS, LOW_BITS
+        from quantkit.recipes import get_recipe
+        from quantkit.recipes.registry import builtin_recipe_files
+        from quantkit.recipes.schema import GROUP_SCHEMES
+
+        known = set(builtin_recipe_files())
+        chain = [self.recipe, *(f.recipe for f in self.fallbacks)]
+        twice = sorted({r for r in chain if chain.count(r) > 1})
+        if twice:
+            raise ValueError(
+                f"recipe(s) {', '.join(twice)} more than once in the target's recipe and fallbacks "
+                "(each candidate is tried once); remove the repeats"
+            )
+        for recipe in chain:
+            if recipe not in known:
+                raise ValueError(f"unknown recipe {recipe!r}; known: {sorted(known)}")
+        steps = self.avg_bits
+        if steps and get_recipe(self.recipe).scheme not in GROUP_SCHEMES:
+            raise ValueError(
+                f"avg_bits promotes layers of 4-bit group recipes "
+                f"({', '.join(sorted(GROUP_SCHEMES))}), not {self.recipe!r}; remove it"
+            )
+        if steps != sorted(set(steps)) or any(not LOW_BITS < b <= HIGH_BITS for b in steps):
+            raise ValueError(f"avg_bits {steps} must rise, each in ({LOW_BITS}, {HIGH_BITS}]")
+        return self
 
 
 class TargetsFile(BaseModel):
@@ -102,32 +132,11 @@ class TargetsFile(BaseModel):
 
     @field_validator("targets")
     @classmethod
-    def _recipes_exist(cls, targets: list[Target]) -> list[Target]:
-        from quantkit.precision.mixed import HIGH_BITS, LOW_BITS
-        from quantkit.recipes import get_recipe
-        from quantkit.recipes.registry import builtin_recipe_files
-        from quantkit.recipes.schema import GROUP_SCHEMES
-
-        known = set(builtin_recipe_files())
+    def _unique_names(cls, targets: list[Target]) -> list[Target]:
         names = [t.name for t in targets]
-        if len(names) != len(set(names)):
-            raise ValueError("target names must be unique")
-        for target in targets:
-            for recipe in (target.recipe, *(f.recipe for f in target.fallbacks)):
-                if recipe not in known:
-                    raise ValueError(
-                        f"target {target.name!r}: unknown recipe {recipe!r}; known: {sorted(known)}"
-                    )
-            steps = target.avg_bits
-            if steps and get_recipe(target.recipe).scheme not in GROUP_SCHEMES:
-                raise ValueError(
-                    f"target {target.name!r}: avg_bits promotes layers of 4-bit group recipes "
-                    f"({', '.join(sorted(GROUP_SCHEMES))}), not {target.recipe!r}; remove it"
-                )
-            if steps != sorted(set(steps)) or any(not LOW_BITS < b <= HIGH_BITS for b in steps):
-                raise ValueError(
-                    f"target {target.name!r}: avg_bits {steps} must rise, each in ({LOW_BITS}, {HIGH_BITS}]"
-                )
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"target names must be unique: {', '.join(twice)} more than once")
         return targets
 
     def get(self, name: str) -> Target:
@@ -142,7 +151,28 @@ class TargetsFile(BaseModel):
 
 
 def load_targets(path: Path | None = None) -> TargetsFile:
-    return load_yaml_model(path or TARGETS_FILE, TargetsFile, what="targets")
+    """The targets file, validated; an error names the file, its line and the target."""
+    path = Path(path or TARGETS_FILE)
+    try:
+        return load_yaml_model(path, TargetsFile, what="targets")
+    except InputError as error:
+        found = re.search(r"field 'targets\.(\d+)", error.message)
+        name = _target_name(path, int(found[1])) if found else None
+        if name is None:
+            raise
+        raise InputError(
+            f"target {name!r}: {error.message}", path=error.path, line=error.line, hint=error.hint
+        ) from None
+
+
+def _target_name(path: Path, index: int) -> str | None:
+    import yaml
+
+    try:
+        entry = yaml.safe_load(path.read_text(encoding="utf-8"))["targets"][index]
+        return str(entry["name"])
+    except (yaml.YAMLError, KeyError, IndexError, TypeError):
+        return None
 
 
 from quantkit.targets.build import (  # noqa: E402  (the build reads the schema above)

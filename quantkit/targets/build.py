@@ -1,11 +1,12 @@
 """`quantkit build`: one checkpoint per hardware target, gated on accuracy.
 
-Each target has a chain of candidates: its recipe, the recipe again at each ``avg_bits`` step
-(4-bit group recipes), then its fallbacks whose ``when`` holds. Every candidate is quantized,
-verified (audit, drift against the original on held-out calibration samples, optionally vLLM)
-and, with ``eval_tasks``, scored per skills task. The first candidate whose checks pass and
-whose every task loses at most the target's budget is kept; a target none meets fails with the
-table of what was tried, and the other targets still build. Candidates are shared between
+Each target has a chain of candidates: its recipe, then (when it misses) the recipe again at each
+``avg_bits`` step (4-bit group recipes) and its fallbacks whose ``when`` holds, smallest predicted
+checkpoint first (ORDER_RULE). Every candidate is quantized, verified (audit, drift against the
+original on held-out calibration samples, optionally vLLM) and, with ``eval_tasks``, scored per
+skills task. The first candidate whose checks pass and whose every task loses at most the
+target's budget is kept: the smallest that passes. A target none meets fails with the table of
+what was tried, and the other targets still build. Candidates are shared between
 targets and cached between runs (model bytes, calibration set, recipe, avg bits, options).
 """
 
@@ -15,7 +16,8 @@ import hashlib
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+import traceback
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from quantkit import __version__
@@ -24,12 +26,25 @@ from quantkit.fsutil import check_model_folder, check_writable, refuse_overlap, 
 
 BUILD_FILE = "build.json"
 LOSS_DEFINITION = (
-    "the loss of a task is 100 x (sum of KL(original || quantized) over every token position of the "
-    "task's held-out calibration samples) / (sum of the original's next-token entropy at those "
-    "positions): how many percent more the quantized model's cross-entropy against the original's "
-    "next-token distributions is than the original's own. With --eval-tasks, each skills task also "
-    "counts 100% - recovery (checkpoint score / original score)."
+    "the loss of a task is the drop of its expected teacher-forced answer-token accuracy, in "
+    "percentage points: 100 x (sum of p_original(y) - sum of p_quantized(y)) / the number of "
+    "positions, over the positions that predict the answer's tokens (the last assistant turn, "
+    "what the task's accuracy is scored on; prompt and media positions do not count) in the "
+    "task's held-out calibration samples, y being the answer's own next token there; negative is "
+    "a gain. A sample without answer tokens counts its text positions instead (build.json lists "
+    "it under text_scope_samples). build.json also records, as kl_losses, 100 x sum of "
+    "KL(original || quantized) / sum of the original's entropy at the same positions "
+    "(informative, not gated on). With --eval-tasks, each skills task also counts 100% - "
+    "recovery (checkpoint score / original score)."
 )
+ORDER_RULE = (
+    "the target's recipe is tried first; when it misses the budget or fails its checks, the "
+    "further candidates whose condition holds (its avg_bits steps, its fallbacks' `when`) are "
+    "tried smallest first by the checkpoint size quantize's plan predicts from the config (equal "
+    "sizes in the file's order), so the first that passes every task is the smallest that passes "
+    "and the larger ones are not built"
+)
+LOSS_VERSION = "answer-accuracy-points-2"
 _CARD_START, _CARD_END = "<!-- quantkit:build:start -->", "<!-- quantkit:build:end -->"
 
 
@@ -49,7 +64,10 @@ class CheckpointBuild:
     drift: dict | None = None  # overall KL / top-1 of the checkpoint
     avg_bits: float | None = None
     losses: dict[str, float] | None = None  # drift loss per task, percent (LOSS_DEFINITION)
+    kl_losses: dict[str, float] | None = None  # KL / entropy per task, percent (not gated on)
+    text_scope_samples: list[str] | None = None  # held-out samples without answer tokens (text positions)
     eval_scores: dict | None = None  # {"items": n, "scores": {task: score}} with --eval-tasks
+    traceback: str | None = None  # a library error's (not a QuantkitError), for build.json only
 
     @property
     def ok(self) -> bool:
@@ -69,9 +87,11 @@ class ChainStep:
     worst_task: str | None = None
     worst_loss: float | None = None
     losses: dict[str, float] = field(default_factory=dict)
+    kl_losses: dict[str, float] = field(default_factory=dict)  # informative (task_kl_losses)
     why: str = ""  # why this step was tried
     detail: str = ""
-    unmeasured: list[str] = field(default_factory=list)  # held-out tasks without a loss (zero entropy)
+    unmeasured: list[str] = field(default_factory=list)  # held-out tasks without a loss
+    predicted_bytes: int | None = None  # the plan's size, by which the further candidates are ordered
 
 
 @dataclass
@@ -118,6 +138,7 @@ class BuildReport:
             "requested": self.requested,
             "quantkit_version": __version__,
             "loss": LOSS_DEFINITION,
+            "order": ORDER_RULE,
             "eval_tasks": self.eval_tasks,
             "eval_original": self.eval_original,
             "targets": [asdict(t) for t in self.targets],
@@ -157,24 +178,45 @@ def build_key(
         "drift": [calib_hash, drift_samples, num_samples] if calib_hash else None,
         "vllm": vllm,
         "quantkit": __version__,
+        "loss": LOSS_VERSION,  # losses cached under another definition are measured again
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def task_losses(drift) -> dict[str, float]:
-    """Per task, percent: KL summed over positions relative to the original's entropy (LOSS_DEFINITION)."""
-    sums: dict[str, list[float]] = {}
+def _task_sums(drift, numerator, denominator) -> dict[str, tuple[float, float]]:
+    """Per task, two per-sample figures summed over its samples (tasks whose denominator sums to
+    0 left out)."""
+    sums: dict[str, tuple[float, float]] = {}
     for sample in drift.samples:
-        kl, entropy = sums.setdefault(sample.task, [0.0, 0.0])
-        sums[sample.task] = [kl + sample.kl * sample.positions, entropy + sample.entropy * sample.positions]
-    return {
-        task: float(f"{100.0 * kl / entropy:.4g}")
-        for task, (kl, entropy) in sorted(sums.items())
-        if entropy > 0
-    }
+        top, bottom = sums.get(sample.task, (0.0, 0.0))
+        sums[sample.task] = (top + numerator(sample), bottom + denominator(sample))
+    return {task: pair for task, pair in sorted(sums.items()) if pair[1] > 0}
 
 
-def _previous(output_root: Path) -> dict[str, dict]:
+def _percent(value: float) -> float:
+    return float(f"{value:.6g}") + 0.0  # -0.0 reads 0.0
+
+
+def task_losses(drift) -> dict[str, float]:
+    """Per task, percentage points: the drop of the expected teacher-forced answer-token accuracy,
+    100 x (sum p_original(y) - sum p_quantized(y)) / number of positions, over the loss positions
+    of its samples (LOSS_DEFINITION; SampleDrift.loss_p_*, loss_positions)."""
+    sums = _task_sums(drift, lambda s: s.loss_p_original - s.loss_p_quantized, lambda s: s.loss_positions)
+    return {task: _percent(100.0 * drop / positions) for task, (drop, positions) in sums.items()}
+
+
+def task_kl_losses(drift) -> dict[str, float]:
+    """Per task, percent: KL summed over the loss positions relative to the original's entropy
+    there (build.json's kl_losses, not gated on; SampleDrift.loss_kl / loss_entropy)."""
+    sums = _task_sums(
+        drift,
+        lambda s: s.loss_kl * s.loss_positions,
+        lambda s: s.loss_entropy * s.loss_positions,
+    )
+    return {task: _percent(100.0 * kl / entropy) for task, (kl, entropy) in sums.items()}
+
+
+def _read_build_file(output_root: Path) -> dict:
     path = output_root / BUILD_FILE
     if not path.is_file():
         return {}
@@ -182,15 +224,43 @@ def _previous(output_root: Path) -> dict[str, dict]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError:
         return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _previous(data: dict) -> dict[str, dict]:
+    """The candidates an earlier build.json records, by checkpoint folder."""
     entries = [*data.get("earlier", []), *data.get("checkpoints", [])]
     return {entry["checkpoint"]: entry for entry in entries if "checkpoint" in entry and "key" in entry}
 
 
-def _write_build_file(output_root: Path, report: BuildReport, previous: dict[str, dict]) -> None:
-    """build.json: this run's targets and candidates, plus earlier candidates this run did not touch."""
+def _earlier_targets(data: dict, model_dir: Path) -> list[TargetBuild]:
+    """The targets an earlier build of the same model recorded (build.json merges by target)."""
+    if data.get("model") != str(model_dir):
+        return []
+    step_fields = {f.name for f in fields(ChainStep)}
+    target_fields = {f.name for f in fields(TargetBuild)} - {"chain"}
+    found = []
+    for record in data.get("targets", []):
+        try:
+            chain = [ChainStep(**{k: v for k, v in s.items() if k in step_fields}) for s in record["chain"]]
+            found.append(TargetBuild(**{k: v for k, v in record.items() if k in target_fields}, chain=chain))
+        except (KeyError, TypeError):  # a record of another quantkit version: dropped
+            continue
+    return found
+
+
+def _write_build_file(
+    output_root: Path, report: BuildReport, previous: dict[str, dict], targets: list[TargetBuild]
+) -> None:
+    """build.json: ``targets`` (this run's and the earlier ones it did not build again), this
+    run's candidates, and earlier candidates this run did not touch; each candidate says which
+    targets keep it (kept_for)."""
     data = report.to_dict()
+    data["targets"] = [asdict(t) for t in targets]
     touched = {c.checkpoint for c in report.checkpoints}
-    data["earlier"] = [entry for name, entry in sorted(previous.items()) if name not in touched]
+    data["earlier"] = [dict(entry) for name, entry in sorted(previous.items()) if name not in touched]
+    for entry in [*data["checkpoints"], *data["earlier"]]:
+        entry["kept_for"] = [t.name for t in targets if t.checkpoint == entry["checkpoint"]]
     write_file_atomic(output_root / BUILD_FILE, json.dumps(data, indent=2) + "\n")
 
 
@@ -215,18 +285,21 @@ def _card_section(checkpoint: str, targets: list[TargetBuild]) -> str:
         "",
         f"`quantkit build` {verdict}. Loss: {LOSS_DEFINITION}",
         "",
+        f"Candidates: {ORDER_RULE}.",
+        "",
     ]
     for target in kept:
         lines += [
             f"Target `{target.name}` (budget {target.max_loss}% per task), candidates in the order tried:",
             "",
-            "| # | recipe | avg bits | size | worst task | loss | verdict | tried because |",
-            "|---|---|---|---|---|---|---|---|",
+            "| # | recipe | avg bits | size | worst task | loss | its KL / entropy | verdict | tried because |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for index, step in enumerate(target.chain, 1):
             lines.append(
                 f"| {index} | {step.recipe} | {_fmt_bits(step.avg_bits)} | {_fmt_size(step.size_ratio)} | "
-                f"{step.worst_task or '-'} | {_fmt_loss(step.worst_loss)} | {step.verdict} | {step.why} |"
+                f"{step.worst_task or '-'} | {_fmt_loss(step.worst_loss)} | "
+                f"{_fmt_loss(step.kl_losses.get(step.worst_task or ''))} | {step.verdict} | {step.why} |"
             )
         lines.append("")
         if target.chain[-1].unmeasured:
@@ -285,10 +358,11 @@ def _judge(
     entry: CheckpointBuild, max_loss: float, eval_losses: dict[str, float], tasks: set[str]
 ) -> ChainStep:
     """``tasks``: the calibration set's, each of which should have a drift loss (one without: a
-    task whose every row calibrated the candidate, or whose positions the original is certain of)."""
+    task whose every row calibrated the candidate)."""
     losses = {**(entry.losses or {}), **eval_losses}
     step = ChainStep(entry.recipe, entry.avg_bits, entry.checkpoint, "kept", False, entry.size_ratio)
     step.losses = losses
+    step.kl_losses = dict(entry.kl_losses or {})
     if entry.ok and entry.losses is not None:
         step.unmeasured = sorted(tasks - set(entry.losses))
     if losses:
@@ -302,6 +376,12 @@ def _judge(
         step.detail = f"{step.worst_task} lost {step.worst_loss:.3g}% > {max_loss}%"
     elif not losses:
         step.detail = "loss not measured (no --calib and no --eval-tasks)"
+    if entry.text_scope_samples:
+        note = (
+            f"{len(entry.text_scope_samples)} held-out sample(s) without answer tokens counted their "
+            f"text positions: {', '.join(entry.text_scope_samples)}"
+        )
+        step.detail = f"{step.detail}; {note}" if step.detail else note
     return step
 
 
@@ -314,24 +394,27 @@ def _should_try(last: ChainStep | None, limit: float) -> bool:
     return last.worst_loss is not None and last.worst_loss > limit + 1e-9
 
 
-def _chain(target, *, calib: Path | None, max_loss: float, last: ChainStep | None, index: int):
-    """Whether step ``index`` of the target's chain is tried, and why (None: not tried)."""
-    if index == 0:
-        return target.recipe, None, "the target's recipe"
-    if index <= len(target.avg_bits):
-        bits = target.avg_bits[index - 1]
-        if last is not None and last.verdict in ("over budget", "failed") and _should_try(last, max_loss):
-            return target.recipe, bits, f"most sensitive layers at 8 bits, {bits:g} bits on average"
-        return None
-    fallback = target.fallbacks[index - 1 - len(target.avg_bits)]
-    when = fallback.when
-    if when.no_calibration_data and calib is None:
-        return fallback.recipe, None, "no calibration data"
-    if when.task_loss_above is not None:
-        limit = max_loss if when.task_loss_above == "max_loss" else float(when.task_loss_above)
-        if _should_try(last, limit):
-            return fallback.recipe, None, f"the candidate before failed or lost more than {limit:g}%"
-    return None
+def _further_candidates(target, *, calib: Path | None, max_loss: float, first: ChainStep | None, notes: list):
+    """The candidates after the target's recipe whose condition holds, as (recipe, avg bits, why),
+    in the file's order (ORDER_RULE sorts them); what is not tried and why goes to ``notes``."""
+    found = []
+    missed = first is not None and first.verdict in ("over budget", "failed") and _should_try(first, max_loss)
+    for bits in target.avg_bits:
+        if missed:
+            found.append((target.recipe, bits, f"most sensitive layers at 8 bits, {bits:g} bits on average"))
+    for fallback in target.fallbacks:
+        when = fallback.when
+        if when.on_request:
+            notes.append(f"{fallback.recipe} not tried: on request only ({fallback.why})")
+        elif when.no_calibration_data and calib is None:
+            found.append((fallback.recipe, None, "no calibration data"))
+        elif when.task_loss_above is not None:
+            limit = max_loss if when.task_loss_above == "max_loss" else float(when.task_loss_above)
+            if _should_try(first, limit):
+                found.append(
+                    (fallback.recipe, None, f"the target's recipe failed or lost more than {limit:g}%")
+                )
+    return found
 
 
 def _check_reachable(chosen, calib: Path | None) -> None:
@@ -368,9 +451,9 @@ def build_checkpoints(
     on_checkpoint=None,
     on_target=None,
 ) -> BuildReport:
-    """Build each target's chain until a candidate meets its accuracy budget.
+    """Build each target's chain until a candidate meets its accuracy budget (ORDER_RULE).
 
-    ``max_loss`` (percent per task) overrides every target's ``max_loss``; the loss is drift on
+    ``max_loss`` (percentage points per task) overrides every target's ``max_loss``; the loss is drift on
     ``drift_samples`` held-out calibration samples (LOSS_DEFINITION) and, with ``eval_tasks``
     (skills task names of the model's skills.json, or ``skills`` for all), 100% - recovery on
     ``eval_items`` items per task. A target that fails (bad input, failed proof, failed checks,
@@ -423,9 +506,12 @@ def build_checkpoints(
         run.save()
         if on_target:
             on_target(built)
-    for entry in run.report.checkpoints:  # kept or not, each card says what the gate made of it
-        if entry.ok and (Path(entry.checkpoint) / "config.json").is_file():
-            _update_card(Path(entry.checkpoint), _card_section(entry.checkpoint, run.report.targets))
+    # Kept or not, each card says what the gate made of it, earlier runs' candidates included (a
+    # candidate an earlier run kept that no target keeps now says so).
+    targets = run.all_targets()
+    for folder in run.candidate_folders():
+        if (Path(folder) / "config.json").is_file():
+            _update_card(Path(folder), _card_section(folder, targets))
     run.save()
     return run.report
 
@@ -452,43 +538,108 @@ class _Run:
     set_tasks: set[str] = field(default_factory=set)  # of every row the model can take
     original_scores: dict[str, float] | None = None
     built: dict[str, CheckpointBuild] = field(default_factory=dict)
+    sizes: dict[tuple[str, float | None], int | None] = field(default_factory=dict)  # predicted_bytes
 
     def __post_init__(self) -> None:
         self.model_hash = model_fingerprint(self.model_dir)
-        self.previous = _previous(self.output_root)
+        data = _read_build_file(self.output_root)
+        self.previous = _previous(data)
+        self.earlier_targets = _earlier_targets(data, self.model_dir)
+        self.same_model = data.get("model") == str(self.model_dir)  # earlier cards are ours to mend
         self.cache_dir = self.output_root / ".cache" / "features"
         calib = str(self.calib) if self.calib else None
         self.report = BuildReport(str(self.output_root), str(self.model_dir), calib, [])
 
     def save(self) -> None:  # after each candidate: an interrupted build keeps what finished
-        _write_build_file(self.output_root, self.report, self.previous)
+        _write_build_file(self.output_root, self.report, self.previous, self.all_targets())
+
+    def all_targets(self) -> list[TargetBuild]:
+        """This run's targets and the earlier build's others, a rerun replacing a target's record
+        in place; an earlier record whose kept checkpoint this run built again says so."""
+        now = {t.name: t for t in self.report.targets}
+        rebuilt = {c.checkpoint for c in self.report.checkpoints if c.status != "up-to-date"}
+        merged = []
+        for earlier in self.earlier_targets:
+            if earlier.name in now:
+                merged.append(now.pop(earlier.name))
+            elif earlier.checkpoint in rebuilt:
+                note = f"{earlier.checkpoint} was built again by a later run: build {earlier.name} again"
+                merged.append(replace(earlier, notes=[*earlier.notes, note]))
+            else:
+                merged.append(earlier)
+        return [*merged, *now.values()]
+
+    def candidate_folders(self) -> list[str]:
+        """Every candidate folder build.json records that passed its checks: this run's, and the
+        earlier build's when it was of the same model (another model's targets are not merged)."""
+        folders = [c.checkpoint for c in self.report.checkpoints if c.ok]
+        if not self.same_model:
+            return folders
+        touched = {c.checkpoint for c in self.report.checkpoints}
+        folders += [
+            name
+            for name, entry in sorted(self.previous.items())
+            if name not in touched and entry.get("status") in ("passed", "up-to-date")
+        ]
+        return folders
 
     def build_target(self, target, max_loss: float) -> TargetBuild:
+        """The target's recipe; when it misses, the further candidates smallest first (ORDER_RULE)."""
         result = TargetBuild(target.name, max_loss, "failed")
-        last: ChainStep | None = None
-        for index in range(1 + len(target.avg_bits) + len(target.fallbacks)):
-            step = _chain(target, calib=self.calib, max_loss=max_loss, last=last, index=index)
-            if step is None:
-                fallback = index - 1 - len(target.avg_bits)
-                if fallback >= 0 and target.fallbacks[fallback].when.on_request:
-                    manual = target.fallbacks[fallback]
-                    result.notes.append(f"{manual.recipe} not tried: on request only ({manual.why})")
-                continue
-            recipe_name, bits, why = step
-            if self._needs_data(recipe_name, bits) and self.calib is None:
-                result.notes.append(
-                    f"{recipe_name} not tried: it calibrates on data and no --calib was given"
-                )
-                continue
-            entry, cached = self.candidate(recipe_name, bits, target.name)
-            self.held_out_tasks()
-            last = _judge(entry, max_loss, self.eval_losses(entry), self.set_tasks)
-            last.cached, last.why = cached, why
-            result.chain.append(last)
-            if last.verdict == "kept":
-                result.status, result.checkpoint = "passed", entry.checkpoint
+        first = self._try(result, target.recipe, None, "the target's recipe", max_loss)
+        if first is not None and first.verdict == "kept":
+            return result
+        further = _further_candidates(
+            target, calib=self.calib, max_loss=max_loss, first=first, notes=result.notes
+        )
+        sizes = {(recipe, bits): self.predicted_bytes(recipe, bits) for recipe, bits, _ in further}
+        # Stable: equal sizes keep the file's order; a size the plan cannot predict goes last.
+        further.sort(key=lambda c: (sizes[c[:2]] is None, sizes[c[:2]] or 0))
+        for recipe_name, bits, why in further:
+            step = self._try(result, recipe_name, bits, why, max_loss, predicted=sizes[(recipe_name, bits)])
+            if step is not None and step.verdict == "kept":
                 break
         return result
+
+    def _try(
+        self,
+        result: TargetBuild,
+        recipe_name: str,
+        bits: float | None,
+        why: str,
+        max_loss: float,
+        *,
+        predicted: int | None = None,
+    ) -> ChainStep | None:
+        """Build (or reuse) one candidate and judge it for the target; None: it needs data and no
+        --calib was given (a note says so)."""
+        if self._needs_data(recipe_name, bits) and self.calib is None:
+            result.notes.append(f"{recipe_name} not tried: it calibrates on data and no --calib was given")
+            return None
+        entry, cached = self.candidate(recipe_name, bits, result.name)
+        self.held_out_tasks()
+        step = _judge(entry, max_loss, self.eval_losses(entry), self.set_tasks)
+        step.cached, step.why, step.predicted_bytes = cached, why, predicted
+        result.chain.append(step)
+        if step.verdict == "kept":
+            result.status, result.checkpoint = "passed", entry.checkpoint
+        return step
+
+    def predicted_bytes(self, recipe_name: str, bits: float | None) -> int | None:
+        """The checkpoint size quantize's plan predicts from the config (None: the plan refuses it,
+        e.g. a width its blocks do not divide: the candidate's build will say why)."""
+        from quantkit.quantize import plan
+        from quantkit.recipes import get_recipe
+
+        if (recipe_name, bits) not in self.sizes:
+            try:
+                planned = plan(
+                    self.model_dir, get_recipe(recipe_name), [], adapter=self.adapter, avg_bits=bits
+                )
+                self.sizes[(recipe_name, bits)] = planned.checkpoint_bytes
+            except Exception:  # noqa: BLE001  (a QuantkitError or a library's: ordered last)
+                self.sizes[(recipe_name, bits)] = None
+        return self.sizes[(recipe_name, bits)]
 
     @staticmethod
     def _needs_data(recipe_name: str, bits: float | None) -> bool:
@@ -525,7 +676,15 @@ class _Run:
         cached = not self.force and _up_to_date(before, key, checkpoint)
         if cached:
             entry.status = "up-to-date"
-            for name in ("vllm", "size_ratio", "drift", "losses", "eval_scores"):
+            for name in (
+                "vllm",
+                "size_ratio",
+                "drift",
+                "losses",
+                "kl_losses",
+                "text_scope_samples",
+                "eval_scores",
+            ):
                 setattr(entry, name, before.get(name))
         else:
             verified = self._quantize_and_verify(entry, recipe, checkpoint, avg_bits)
@@ -579,6 +738,7 @@ class _Run:
     def _quantize_and_verify(self, entry: CheckpointBuild, recipe, checkpoint: Path, avg_bits: float | None):
         from quantkit.quantize import quantize
         from quantkit.verify import verify_checkpoint
+        from quantkit.verify.drift import ANSWER_SCOPE
 
         started = time.perf_counter()
         verified = None
@@ -615,6 +775,10 @@ class _Run:
                 overall = verified.drift.overall
                 entry.drift = {"kl": overall.kl, "top1": overall.top1, "cosine": overall.cosine}
                 entry.losses = task_losses(verified.drift)
+                entry.kl_losses = task_kl_losses(verified.drift)
+                entry.text_scope_samples = [
+                    s.id for s in verified.drift.samples if s.loss_scope != ANSWER_SCOPE
+                ]
                 entry.reasons += [f"drift: {b}" for b in verified.drift.breaches]
             if verified.vllm is not None:
                 entry.vllm = verified.vllm.status
@@ -623,6 +787,10 @@ class _Run:
         except QuantkitError as error:  # one candidate's failure must not lose the others
             entry.status = "error"
             entry.reasons = [str(error)]
+        except Exception as error:  # a library's error: recorded, and the chain goes on
+            entry.status = "error"
+            entry.reasons = [f"{type(error).__name__}: {error}"]
+            entry.traceback = traceback.format_exc()  # build.json only, not the screen
         entry.seconds = round(time.perf_counter() - started, 1)
         return verified
 
@@ -639,6 +807,11 @@ class _Run:
                 scored = score_model(Path(entry.checkpoint), missing, items=self.eval_items)
             except QuantkitError as error:
                 entry.status, entry.reasons = "error", [*entry.reasons, f"eval: {error}"]
+                return
+            except Exception as error:  # a library's error: as in _quantize_and_verify
+                entry.status = "error"
+                entry.reasons = [*entry.reasons, f"eval: {type(error).__name__}: {error}"]
+                entry.traceback = traceback.format_exc()
                 return
             scores.update({t.task: t.score for t in scored.tasks})
         entry.eval_scores = {"items": self.eval_items, "scores": scores}

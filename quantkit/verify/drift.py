@@ -3,7 +3,11 @@
 Both models run on the same held-out samples of the calibration set (never those used to
 calibrate), chosen to keep the set's strata proportions. Per sample: next-token KL divergence
 (original || quantized), top-1 agreement and logit cosine over every position of the
-conversation, and the length of the greedy continuation both models agree on.
+conversation, and the length of the greedy continuation both models agree on. Beside them, the
+probability each model gives the reference next token (teacher-forced: the answer's own token)
+over the positions that predict the answer's tokens (the last assistant turn, what a task's
+accuracy is scored on; ANSWER_SCOPE), `quantkit build`'s per-task loss, and the KL and the
+original's entropy there.
 """
 
 from __future__ import annotations
@@ -26,6 +30,12 @@ METRICS = ("kl", "top1", "cosine", "greedy_prefix")
 # cannot tell a checkpoint from noise. Smaller groups are listed as "not judged"; the whole set
 # ("all") is judged by the same rule, so bad samples spread over small groups still fail.
 MIN_GROUP_POSITIONS = 256
+# The positions `quantkit build`'s loss averages over (SampleDrift.loss_scope): those whose next
+# token is one of the answer's (the last assistant turn's tokens, its end-of-turn marker included,
+# found as what follows the prompt-only rendering), or, for a sample without an answer, every
+# position whose next token is text (not an image / video / audio placeholder).
+ANSWER_SCOPE = "answer"
+TEXT_SCOPE = "text (no answer tokens)"
 
 
 @dataclass(frozen=True)
@@ -61,7 +71,16 @@ class SampleDrift:
     top1: float
     cosine: float
     greedy_prefix: float  # fraction of the greedy continuation both models agree on
-    entropy: float = 0.0  # the original's mean next-token entropy (nats): KL relative to it is `build`'s loss
+    entropy: float = 0.0  # the original's mean next-token entropy (nats), every position
+    # Over the loss_scope's positions: the sums of the probability the original / the quantized
+    # model gives the reference next token (expected teacher-forced accuracy; `build`'s loss),
+    # and the means of KL and the original's entropy.
+    loss_scope: str = ANSWER_SCOPE
+    loss_positions: int = 0
+    loss_kl: float = 0.0
+    loss_entropy: float = 0.0
+    loss_p_original: float = 0.0
+    loss_p_quantized: float = 0.0
 
 
 @dataclass
@@ -101,17 +120,86 @@ def _group(name: str, items: list[SampleDrift]) -> DriftGroup:
     def mean(metric: str) -> float:
         return round(sum(getattr(s, metric) for s in items) / len(items), 5)
 
-    return DriftGroup(name, len(items), *(mean(m) for m in METRICS), positions=sum(s.positions for s in items))
+    return DriftGroup(
+        name, len(items), *(mean(m) for m in METRICS), positions=sum(s.positions for s in items)
+    )
 
 
-def _compare_logits(reference: torch.Tensor, quantized: torch.Tensor) -> tuple[float, float, float, float]:
+@dataclass(frozen=True)
+class Comparison:
+    """``_compare_logits``'s figures: means over every position, then over the loss positions."""
+
+    kl: float
+    top1: float
+    cosine: float
+    entropy: float
+    loss_kl: float = 0.0
+    loss_entropy: float = 0.0
+    loss_p_original: float = 0.0  # sum of p_original(reference next token)
+    loss_p_quantized: float = 0.0  # sum of p_quantized(reference next token)
+
+
+def _compare_logits(
+    reference: torch.Tensor,
+    quantized: torch.Tensor,
+    loss_mask: torch.Tensor | None = None,
+    next_ids: torch.Tensor | None = None,
+) -> Comparison:
+    """Means over every position (KL, top-1, cosine, entropy), then over the positions of
+    ``loss_mask`` (bool, one per position; None: every position) the means of KL and entropy and
+    the sums of the probability each model gives ``next_ids`` (the reference next token, one per
+    position: the input shifted by one; None: no probabilities)."""
     ref_logp = torch.log_softmax(reference.float(), dim=-1)
     q_logp = torch.log_softmax(quantized.float(), dim=-1)
-    kl = (ref_logp.exp() * (ref_logp - q_logp)).sum(-1).mean()
+    kl = (ref_logp.exp() * (ref_logp - q_logp)).sum(-1)
     top1 = (reference.argmax(-1) == quantized.argmax(-1)).float().mean()
     cosine = torch.nn.functional.cosine_similarity(reference.float(), quantized.float(), dim=-1).mean()
-    entropy = -(ref_logp.exp() * ref_logp).sum(-1).mean()
-    return float(kl), float(top1), float(cosine), float(entropy)
+    entropy = -(ref_logp.exp() * ref_logp).sum(-1)
+    mask = torch.ones_like(kl, dtype=torch.bool) if loss_mask is None else loss_mask.to(kl.device)
+    picked = max(int(mask.sum()), 1)
+    p_original = p_quantized = 0.0
+    if next_ids is not None:
+        index = next_ids.to(kl.device)[mask].unsqueeze(-1)
+        p_original = float(ref_logp[mask].gather(-1, index).exp().sum())
+        p_quantized = float(q_logp[mask].gather(-1, index).exp().sum())
+    return Comparison(
+        float(kl.mean()),
+        float(top1),
+        float(cosine),
+        float(entropy.mean()),
+        float(kl[mask].sum()) / picked,
+        float(entropy[mask].sum()) / picked,
+        p_original,
+        p_quantized,
+    )
+
+
+def next_token_ids(ids: list[int]) -> torch.Tensor:
+    """The reference next token of each position (the input shifted by one; the last position,
+    which predicts nothing in the input, gets its own token and is never in a loss mask)."""
+    return torch.tensor([*ids[1:], ids[-1]], dtype=torch.long)
+
+
+def loss_positions(ids: list[int], prompt_length: int, media_ids: set[int]) -> tuple[torch.Tensor, str]:
+    """The positions `build`'s loss averages over and their scope (ANSWER_SCOPE / TEXT_SCOPE):
+    position t predicts token t + 1, so the answer's tokens ``ids[prompt_length:]`` are
+    predicted at ``prompt_length - 1 ..``; a sample without answer tokens falls back to the
+    positions whose next token is text."""
+    target = torch.tensor(ids[1:], dtype=torch.long)
+    mask = torch.zeros(len(ids), dtype=torch.bool)
+    if 0 < prompt_length < len(ids):
+        mask[prompt_length - 1 : len(ids) - 1] = True
+        return mask, ANSWER_SCOPE
+    if media_ids:
+        mask[:-1] = ~torch.isin(target, torch.tensor(sorted(media_ids), dtype=torch.long))
+    else:
+        mask[:-1] = True
+    return mask, TEXT_SCOPE
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share (the prompt-only rendering and the full one)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def _prompt_only(sample: Sample) -> Sample:
@@ -179,16 +267,23 @@ def measure_drift(
     )
     # Each in its saved dtype: transformers cannot run some reloaded quantized models in float32.
     from quantkit.quantize.run import saved_dtype
+    from quantkit.quantize.token_weights import media_token_ids
 
     original = ref_adapter.load_model(reference, dtype=saved_dtype(reference))
     quantized = q_adapter.load_model(checkpoint, dtype=saved_dtype(checkpoint))
+    media_ids = set().union(*media_token_ids(original.config).values())
     results = []
     for row in rows:
         sample = Sample.from_row(row)
         inputs = processor_inputs(processor, sample)
         with torch.no_grad():
-            kl, top1, cosine, entropy = _compare_logits(original(**inputs).logits[0], quantized(**inputs).logits[0])
             prompt = processor_inputs(processor, _prompt_only(sample), add_generation_prompt=True)
+            ids = inputs["input_ids"][0].tolist()
+            answer_start = _common_prefix(prompt["input_ids"][0].tolist(), ids)
+            mask, scope = loss_positions(ids, answer_start, media_ids)
+            compared = _compare_logits(
+                original(**inputs).logits[0], quantized(**inputs).logits[0], mask, next_token_ids(ids)
+            )
             start = prompt["input_ids"].shape[1]
             a = original.generate(**prompt, max_new_tokens=greedy_tokens, do_sample=False)[0, start:].tolist()
             b = quantized.generate(**prompt, max_new_tokens=greedy_tokens, do_sample=False)[
@@ -201,11 +296,18 @@ def measure_drift(
                 task=row["task"],
                 modality=row["modality"],
                 positions=int(inputs["input_ids"].shape[1]),
-                kl=round(kl, 6),
-                top1=round(top1, 4),
-                cosine=round(cosine, 6),
+                kl=round(compared.kl, 6),
+                top1=round(compared.top1, 4),
+                cosine=round(compared.cosine, 6),
                 greedy_prefix=round(agree / max(1, greedy_tokens), 4),
-                entropy=round(entropy, 6),
+                entropy=round(compared.entropy, 6),
+                loss_scope=scope,
+                loss_positions=int(mask.sum()),
+                loss_kl=float(f"{compared.loss_kl:.6g}"),  # significant figures: FP8's KL is ~1e-6
+                loss_entropy=float(f"{compared.loss_entropy:.6g}"),
+                # Unrounded: the loss is 1 - their ratio, and FP8's is ~1e-3.
+                loss_p_original=compared.loss_p_original,
+                loss_p_quantized=compared.loss_p_quantized,
             )
         )
     by_modality: dict[str, list[SampleDrift]] = defaultdict(list)
