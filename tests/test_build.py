@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -290,3 +292,89 @@ def test_loss_positions_are_the_answer_or_else_the_text():
     mask, scope = loss_positions(ids, len(ids), {9})
     assert scope == TEXT_SCOPE
     assert mask.tolist() == [False, False, False, True, True, True, True, False]
+
+
+def _data_free_targets(folder: Path, *names: str) -> Path:
+    """Targets on fp8-dynamic (data-free: no --calib, the cheapest build)."""
+    entries = [
+        {"name": n, "hardware": ["test GPU"], "recipe": "fp8-dynamic", "why": "test", "max_loss": 100.0}
+        for n in names
+    ]
+    path = folder / "targets.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "targets": entries}, sort_keys=False))
+    return path
+
+
+def test_a_target_whose_kept_checkpoint_a_later_run_rebuilt_is_stale(zoo_model, tmp_path):
+    """Target A keeps a folder; a later run for B rebuilds that folder (--force): A's record no
+    longer says "passed" with that folder, build.json's kept_for and the card follow."""
+    model, out = zoo_model("tiny-qwen3"), tmp_path / "out"
+    file = _data_free_targets(tmp_path, "a", "b")
+    (a,) = build_checkpoints(model, out, ["a"], targets_file=file).targets
+    folder = a.checkpoint
+    assert a.status == "passed" and folder
+    build_checkpoints(model, out, ["b"], targets_file=file, force=True)
+    data = json.loads((out / "build.json").read_text())
+    targets = {t["name"]: t for t in data["targets"]}
+    assert targets["a"]["status"] == "stale" and targets["a"]["checkpoint"] is None
+    assert any("rebuilt by a later run (for target b)" in note for note in targets["a"]["notes"])
+    assert targets["b"]["status"] == "passed" and targets["b"]["checkpoint"] == folder
+    (entry,) = [c for c in [*data["checkpoints"], *data["earlier"]] if c["checkpoint"] == folder]
+    assert entry["kept_for"] == ["b"]
+    card = (Path(folder) / "README.md").read_text()
+    assert "Target `b`" in card and "Target `a` kept an earlier build of this folder" in card
+    # A later run that does not rebuild the folder leaves a stale record stale.
+    build_checkpoints(model, out, ["b"], targets_file=file)
+    again = {t["name"]: t for t in json.loads((out / "build.json").read_text())["targets"]}
+    assert again["a"]["status"] == "stale" and again["a"]["checkpoint"] is None
+
+
+def test_the_same_model_by_another_path_keeps_records_another_model_does_not_merge(
+    zoo_model, tmp_path, monkeypatch
+):
+    """ "The same model" is its bytes (build.json's model_hash), not the path it was given by."""
+    model, out = zoo_model("tiny-qwen3"), tmp_path / "out"
+    file = _data_free_targets(tmp_path, "a", "b", "c")
+    build_checkpoints(model, out, ["a"], targets_file=file)
+    data = json.loads((out / "build.json").read_text())
+    assert data["model_hash"] and data["model"] == str(model)
+    # The same model and output root by relative paths: the record of a is kept, its folder reused.
+    monkeypatch.chdir(model.parent)
+    relative = build_checkpoints(Path(model.name), Path(os.path.relpath(out)), ["b"], targets_file=file)
+    assert [c.status for c in relative.checkpoints] == ["up-to-date"]
+    names = [t["name"] for t in json.loads((out / "build.json").read_text())["targets"]]
+    assert names == ["a", "b"]
+    # Another model (its config's bytes differ) built into the same root: nothing merged, and the
+    # first model's card is left as it was.
+    other = tmp_path / "other"
+    shutil.copytree(model, other)
+    config = json.loads((other / "config.json").read_text())
+    config["rope_theta"] = 2 * config.get("rope_theta", 10000)
+    (other / "config.json").write_text(json.dumps(config))
+    card = Path(relative.checkpoints[0].checkpoint).resolve() / "README.md"
+    before = card.read_text()
+    build_checkpoints(other, out, ["c"], targets_file=file)
+    data = json.loads((out / "build.json").read_text())
+    assert [t["name"] for t in data["targets"]] == ["c"] and data["earlier"] == []
+    assert data["model_hash"] != relative.model_hash
+    assert card.read_text() == before
+
+
+@pytest.mark.parametrize("error", [MemoryError, RecursionError, "torch.OutOfMemoryError"])
+def test_out_of_memory_in_a_candidate_is_raised_not_recorded(zoo_model, tmp_path, monkeypatch, error):
+    """Out of memory (or stack) is the machine's state: the build stops with it instead of
+    recording a failed candidate and judging the next on the same machine."""
+    import torch
+
+    import quantkit.quantize
+
+    if error == "torch.OutOfMemoryError":  # what a CUDA allocation raises (a RuntimeError)
+        error = torch.OutOfMemoryError
+
+    def exhausted(*args, **kwargs):
+        raise error("exhausted")
+
+    monkeypatch.setattr(quantkit.quantize, "quantize", exhausted)
+    file = _data_free_targets(tmp_path, "a")
+    with pytest.raises(error, match="exhausted"):
+        build_checkpoints(zoo_model("tiny-qwen3"), tmp_path / "out", ["a"], targets_file=file)

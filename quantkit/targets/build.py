@@ -98,7 +98,7 @@ class ChainStep:
 class TargetBuild:
     name: str
     max_loss: float
-    status: str  # passed | failed
+    status: str  # passed | failed | stale (its kept checkpoint was rebuilt by a later run)
     checkpoint: str | None = None  # the kept candidate
     chain: list[ChainStep] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -118,6 +118,7 @@ class BuildReport:
     eval_tasks: list[str] = field(default_factory=list)
     eval_original: dict[str, float] | None = None  # the original's skills scores, per task
     requested: list[str] = field(default_factory=list)  # the targets asked for
+    model_hash: str | None = None  # model_fingerprint: what "the same model" means across runs
 
     @property
     def complete(self) -> bool:
@@ -132,6 +133,7 @@ class BuildReport:
         return {
             "output_root": self.output_root,
             "model": self.model,
+            "model_hash": self.model_hash,
             "calib": self.calib,
             "passed": self.passed,
             "complete": self.complete,
@@ -227,25 +229,47 @@ def _read_build_file(output_root: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _previous(data: dict) -> dict[str, dict]:
-    """The candidates an earlier build.json records, by checkpoint folder."""
+def _same_model(data: dict, model_dir: Path, model_hash: str) -> bool:
+    """The earlier build.json is of this model: by its bytes (``model_hash``), whatever path it was
+    given by; a file written before the hash was recorded compares the resolved paths."""
+    if "model_hash" in data:
+        return data["model_hash"] == model_hash
+    return bool(data.get("model")) and Path(data["model"]).resolve() == Path(model_dir).resolve()
+
+
+def _here(output_root: Path, checkpoint: str | None) -> str | None:
+    """An earlier record's candidate folder as this run names it: every candidate lies directly in
+    the output root, which an earlier run may have given by another path (relative, absolute)."""
+    return None if checkpoint is None else str(output_root / Path(checkpoint).name)
+
+
+def _previous(data: dict, output_root: Path) -> dict[str, dict]:
+    """The candidates an earlier build.json records, by checkpoint folder (as this run names it)."""
     entries = [*data.get("earlier", []), *data.get("checkpoints", [])]
-    return {entry["checkpoint"]: entry for entry in entries if "checkpoint" in entry and "key" in entry}
+    found = {}
+    for entry in entries:
+        if "checkpoint" in entry and "key" in entry:
+            folder = _here(output_root, entry["checkpoint"])
+            found[folder] = {**entry, "checkpoint": folder}
+    return found
 
 
-def _earlier_targets(data: dict, model_dir: Path) -> list[TargetBuild]:
-    """The targets an earlier build of the same model recorded (build.json merges by target)."""
-    if data.get("model") != str(model_dir):
-        return []
+def _earlier_targets(data: dict, output_root: Path) -> list[TargetBuild]:
+    """The targets an earlier build recorded (build.json merges by target; the caller checks it was
+    of the same model)."""
     step_fields = {f.name for f in fields(ChainStep)}
     target_fields = {f.name for f in fields(TargetBuild)} - {"chain"}
     found = []
     for record in data.get("targets", []):
         try:
             chain = [ChainStep(**{k: v for k, v in s.items() if k in step_fields}) for s in record["chain"]]
-            found.append(TargetBuild(**{k: v for k, v in record.items() if k in target_fields}, chain=chain))
+            target = TargetBuild(**{k: v for k, v in record.items() if k in target_fields}, chain=chain)
         except (KeyError, TypeError):  # a record of another quantkit version: dropped
             continue
+        target.checkpoint = _here(output_root, target.checkpoint)
+        for step in target.chain:
+            step.checkpoint = _here(output_root, step.checkpoint)
+        found.append(target)
     return found
 
 
@@ -309,7 +333,13 @@ def _card_section(checkpoint: str, targets: list[TargetBuild]) -> str:
             ]
     for target in targets:
         for step in target.chain:
-            if step.checkpoint == checkpoint and step.verdict != "kept":
+            if step.checkpoint == checkpoint and target.status == "stale" and step.verdict == "kept":
+                lines += [
+                    f"Target `{target.name}` kept an earlier build of this folder, since rebuilt: its "
+                    "record is stale until it is built again.",
+                    "",
+                ]
+            elif step.checkpoint == checkpoint and step.verdict != "kept":
                 lines += [
                     f"Not kept for target `{target.name}` (budget {target.max_loss}%): {step.detail}.",
                     "",
@@ -383,6 +413,15 @@ def _judge(
         )
         step.detail = f"{step.detail}; {note}" if step.detail else note
     return step
+
+
+def _reraise_resource_errors(error: Exception) -> None:
+    """Out of memory or of stack is the machine's state, not the candidate's: raised, never recorded
+    as a failed candidate (the next candidate would only fail the same way, or be judged on it)."""
+    import torch
+
+    if isinstance(error, (MemoryError, RecursionError, torch.OutOfMemoryError)):
+        raise error
 
 
 def _should_try(last: ChainStep | None, limit: float) -> bool:
@@ -543,28 +582,36 @@ class _Run:
     def __post_init__(self) -> None:
         self.model_hash = model_fingerprint(self.model_dir)
         data = _read_build_file(self.output_root)
-        self.previous = _previous(data)
-        self.earlier_targets = _earlier_targets(data, self.model_dir)
-        self.same_model = data.get("model") == str(self.model_dir)  # earlier cards are ours to mend
+        # Another model's records are not merged, nor its folders' cards rewritten.
+        self.same_model = _same_model(data, self.model_dir, self.model_hash)
+        self.previous = _previous(data, self.output_root) if self.same_model else {}
+        self.earlier_targets = _earlier_targets(data, self.output_root) if self.same_model else []
         self.cache_dir = self.output_root / ".cache" / "features"
         calib = str(self.calib) if self.calib else None
-        self.report = BuildReport(str(self.output_root), str(self.model_dir), calib, [])
+        self.report = BuildReport(
+            str(self.output_root), str(self.model_dir), calib, [], model_hash=self.model_hash
+        )
 
     def save(self) -> None:  # after each candidate: an interrupted build keeps what finished
         _write_build_file(self.output_root, self.report, self.previous, self.all_targets())
 
     def all_targets(self) -> list[TargetBuild]:
         """This run's targets and the earlier build's others, a rerun replacing a target's record
-        in place; an earlier record whose kept checkpoint this run built again says so."""
+        in place; an earlier record whose kept checkpoint this run built again is "stale": its
+        judgement was of the folder's former contents, so it keeps no checkpoint and says why."""
         now = {t.name: t for t in self.report.targets}
-        rebuilt = {c.checkpoint for c in self.report.checkpoints if c.status != "up-to-date"}
+        rebuilt = {c.checkpoint: c for c in self.report.checkpoints if c.status != "up-to-date"}
         merged = []
         for earlier in self.earlier_targets:
             if earlier.name in now:
                 merged.append(now.pop(earlier.name))
             elif earlier.checkpoint in rebuilt:
-                note = f"{earlier.checkpoint} was built again by a later run: build {earlier.name} again"
-                merged.append(replace(earlier, notes=[*earlier.notes, note]))
+                by = ", ".join(rebuilt[earlier.checkpoint].targets)
+                note = (
+                    f"stale: {earlier.checkpoint}, which this target kept, was rebuilt by a later run "
+                    f"(for target {by}): build {earlier.name} again"
+                )
+                merged.append(replace(earlier, status="stale", checkpoint=None, notes=[*earlier.notes, note]))
             else:
                 merged.append(earlier)
         return [*merged, *now.values()]
@@ -788,6 +835,7 @@ class _Run:
             entry.status = "error"
             entry.reasons = [str(error)]
         except Exception as error:  # a library's error: recorded, and the chain goes on
+            _reraise_resource_errors(error)
             entry.status = "error"
             entry.reasons = [f"{type(error).__name__}: {error}"]
             entry.traceback = traceback.format_exc()  # build.json only, not the screen
@@ -809,6 +857,7 @@ class _Run:
                 entry.status, entry.reasons = "error", [*entry.reasons, f"eval: {error}"]
                 return
             except Exception as error:  # a library's error: as in _quantize_and_verify
+                _reraise_resource_errors(error)
                 entry.status = "error"
                 entry.reasons = [*entry.reasons, f"eval: {type(error).__name__}: {error}"]
                 entry.traceback = traceback.format_exc()
