@@ -143,9 +143,15 @@ def test_ctrl_c_stops_the_server(zoo_model, tmp_path, monkeypatch):
             threading.Event().wait(0.1)
         os.kill(os.getpid(), signal.SIGINT)
 
+    # Python's own Ctrl-C handler, as in a terminal: pytest-xdist workers ignore SIGINT (their
+    # controller handles it), so there the signal would not interrupt anything.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     threading.Thread(target=interrupt_once_started, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        check_served(zoo_model("tiny-qwen2.5-omni"), ready_timeout=60)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            check_served(zoo_model("tiny-qwen2.5-omni"), ready_timeout=60)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     leader, child = (int(pid) for pid in pid_file.read_text().split())
     assert os.getpgid(os.getpid()) != leader  # the server had a process group of its own
     assert not group_alive(leader)  # its shell and the child it started (same group) are gone
