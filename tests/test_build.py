@@ -378,3 +378,80 @@ def test_out_of_memory_in_a_candidate_is_raised_not_recorded(zoo_model, tmp_path
     file = _data_free_targets(tmp_path, "a")
     with pytest.raises(error, match="exhausted"):
         build_checkpoints(zoo_model("tiny-qwen3"), tmp_path / "out", ["a"], targets_file=file)
+
+
+def _no_calib_targets(folder: Path, chains: dict[str, list[str]]) -> Path:
+    """Targets on fp8 (which calibrates: not tried without --calib) whose fallbacks, for "no
+    calibration data", are ``chains[name]`` in that order."""
+    entries = [
+        {
+            "name": name,
+            "hardware": ["test GPU"],
+            "recipe": "fp8",
+            "why": "test",
+            "max_loss": 100.0,
+            "fallbacks": [
+                {"recipe": r, "when": {"no_calibration_data": True}, "why": "test"} for r in fallbacks
+            ],
+        }
+        for name, fallbacks in chains.items()
+    ]
+    path = folder / "targets.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "targets": entries}, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def wide_mlp_qwen3(zoo_model, tmp_path_factory) -> Path:
+    """tiny-qwen3 with an MLP width of 576 (SmolLM2's: 4.5 x 128): fp8-block's 128x128 blocks do
+    not divide down_proj's input, so quantize's plan refuses that recipe from the config."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from quantkit.export.files import copy_sidecar_files
+
+    source = zoo_model("tiny-qwen3")
+    output = tmp_path_factory.mktemp("wide") / "wide-qwen3"
+    config = json.loads((source / "config.json").read_text())
+    config.update(intermediate_size=576)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(**{k: v for k, v in config.items() if k != "architectures"}))
+    model.to(torch.bfloat16).save_pretrained(output)
+    copy_sidecar_files(source, output)
+    return output
+
+
+def test_a_candidate_the_plan_cannot_size_is_tried_last_and_says_why(wide_mlp_qwen3, tmp_path):
+    """The plan refuses fp8-block for this model (a QuantkitError): that candidate is ordered
+    after those it can size, and when it is tried its record and the screen say its size was
+    unknown and why."""
+    file = _no_calib_targets(tmp_path, {"ordered": ["fp8-block", "fp8-dynamic"], "blocky": ["fp8-block"]})
+    out = tmp_path / "out"
+    args = ["build", "--target", "ordered", "--target", "blocky", "--model", str(wide_mlp_qwen3)]
+    result = runner.invoke(app, [*args, "--output-root", str(out), "--targets-file", str(file)])
+    assert result.exit_code == 1, result.output  # blocky has nothing that builds
+    targets = {t["name"]: t for t in json.loads((out / "build.json").read_text())["targets"]}
+    (kept,) = targets["ordered"]["chain"]  # fp8-dynamic first, though listed second; then kept
+    assert (kept["recipe"], kept["verdict"], kept["size_unknown"]) == ("fp8-dynamic", "kept", None)
+    assert kept["predicted_bytes"] > 0
+    (tried,) = targets["blocky"]["chain"]
+    assert (tried["recipe"], tried["verdict"], tried["predicted_bytes"]) == ("fp8-block", "error", None)
+    assert (
+        tried["size_unknown"].startswith("size unknown, tried last")
+        and "128x128 blocks" in tried["size_unknown"]
+    )
+    assert "fp8-block: size unknown, tried last" in " ".join(result.output.split())
+
+
+def test_an_error_of_the_plan_that_is_not_a_quantkit_error_is_raised(zoo_model, tmp_path, monkeypatch):
+    """Only the plan's own refusals (QuantkitError) make a size unknown; any other error in
+    ordering the candidates is a bug and stops the build instead of hiding in the order."""
+    import quantkit.quantize
+
+    def broken_plan(*args, **kwargs):
+        raise KeyError("model_type")
+
+    monkeypatch.setattr(quantkit.quantize, "plan", broken_plan)
+    file = _no_calib_targets(tmp_path, {"a": ["fp8-dynamic"]})
+    with pytest.raises(KeyError, match="model_type"):
+        build_checkpoints(zoo_model("tiny-qwen3"), tmp_path / "out", ["a"], targets_file=file)

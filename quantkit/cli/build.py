@@ -121,7 +121,7 @@ def build(
             console.print(f"  [red]{reason}[/]")
 
     def show_target(built) -> None:
-        if not built.ok or len(built.chain) > 1:
+        if not built.ok or len(built.chain) > 1 or any(s.size_unknown for s in built.chain):
             print_chain(built)
 
     report = build_checkpoints(
@@ -216,10 +216,10 @@ def print_chain(built) -> None:
         )
     console.print(table)
     for step in built.chain:
-        if step.detail:
-            console.print(
-                f"  {step.recipe}{'' if step.avg_bits is None else f' @{step.avg_bits:g}'}: {step.detail}"
-            )
+        name = f"{step.recipe}{'' if step.avg_bits is None else f' @{step.avg_bits:g}'}"
+        for line in (step.size_unknown, step.detail):
+            if line:
+                console.print(f"  {name}: {line}")
     for note in built.notes:
         console.print(f"  {note}")
     if not built.ok:

@@ -41,10 +41,12 @@ ORDER_RULE = (
     "the target's recipe is tried first; when it misses the budget or fails its checks, the "
     "further candidates whose condition holds (its avg_bits steps, its fallbacks' `when`) are "
     "tried smallest first by the checkpoint size quantize's plan predicts from the config (equal "
-    "sizes in the file's order), so the first that passes every task is the smallest that passes "
-    "and the larger ones are not built"
+    "sizes in the file's order; one whose size the plan refuses to predict, e.g. a block width "
+    "a layer does not divide, last, its record saying why), so the first that passes every task "
+    "is the smallest that passes and the larger ones are not built"
 )
 LOSS_VERSION = "answer-accuracy-points-2"
+FIRST = "the target's recipe"  # why the first candidate is tried
 _CARD_START, _CARD_END = "<!-- quantkit:build:start -->", "<!-- quantkit:build:end -->"
 
 
@@ -92,6 +94,7 @@ class ChainStep:
     detail: str = ""
     unmeasured: list[str] = field(default_factory=list)  # held-out tasks without a loss
     predicted_bytes: int | None = None  # the plan's size, by which the further candidates are ordered
+    size_unknown: str | None = None  # why the plan cannot predict its size (it was ordered last)
 
 
 @dataclass
@@ -578,6 +581,7 @@ class _Run:
     original_scores: dict[str, float] | None = None
     built: dict[str, CheckpointBuild] = field(default_factory=dict)
     sizes: dict[tuple[str, float | None], int | None] = field(default_factory=dict)  # predicted_bytes
+    unplanned: dict[tuple[str, float | None], str] = field(default_factory=dict)  # why no size
 
     def __post_init__(self) -> None:
         self.model_hash = model_fingerprint(self.model_dir)
@@ -633,7 +637,7 @@ class _Run:
     def build_target(self, target, max_loss: float) -> TargetBuild:
         """The target's recipe; when it misses, the further candidates smallest first (ORDER_RULE)."""
         result = TargetBuild(target.name, max_loss, "failed")
-        first = self._try(result, target.recipe, None, "the target's recipe", max_loss)
+        first = self._try(result, target.recipe, None, FIRST, max_loss)
         if first is not None and first.verdict == "kept":
             return result
         further = _further_candidates(
@@ -667,14 +671,18 @@ class _Run:
         self.held_out_tasks()
         step = _judge(entry, max_loss, self.eval_losses(entry), self.set_tasks)
         step.cached, step.why, step.predicted_bytes = cached, why, predicted
+        if predicted is None and why != FIRST:  # a further candidate the plan could not size
+            step.size_unknown = self.unplanned.get((recipe_name, bits))
         result.chain.append(step)
         if step.verdict == "kept":
             result.status, result.checkpoint = "passed", entry.checkpoint
         return step
 
     def predicted_bytes(self, recipe_name: str, bits: float | None) -> int | None:
-        """The checkpoint size quantize's plan predicts from the config (None: the plan refuses it,
-        e.g. a width its blocks do not divide: the candidate's build will say why)."""
+        """The checkpoint size quantize's plan predicts from the config. None: the plan refuses the
+        recipe for this model (a QuantkitError, e.g. a width its blocks do not divide; why is in
+        ``unplanned``): the candidate is tried last and its build says why. Any other error is a
+        bug, raised."""
         from quantkit.quantize import plan
         from quantkit.recipes import get_recipe
 
@@ -684,8 +692,11 @@ class _Run:
                     self.model_dir, get_recipe(recipe_name), [], adapter=self.adapter, avg_bits=bits
                 )
                 self.sizes[(recipe_name, bits)] = planned.checkpoint_bytes
-            except Exception:  # noqa: BLE001  (a QuantkitError or a library's: ordered last)
+            except QuantkitError as error:
                 self.sizes[(recipe_name, bits)] = None
+                self.unplanned[(recipe_name, bits)] = (
+                    f"size unknown, tried last: the plan refuses it: {error}"
+                )
         return self.sizes[(recipe_name, bits)]
 
     @staticmethod
