@@ -455,3 +455,85 @@ def test_an_error_of_the_plan_that_is_not_a_quantkit_error_is_raised(zoo_model, 
     file = _no_calib_targets(tmp_path, {"a": ["fp8-dynamic"]})
     with pytest.raises(KeyError, match="model_type"):
         build_checkpoints(zoo_model("tiny-qwen3"), tmp_path / "out", ["a"], targets_file=file)
+
+
+def test_a_card_that_cannot_be_rewritten_is_a_warning_and_the_other_cards_are_written(zoo_model, tmp_path):
+    """A kept checkpoint's README.md that is not UTF-8 (edited elsewhere): rewriting its build
+    section fails with a library's error; the build records and prints a warning, writes the
+    other cards, and exits by its targets (0)."""
+    model, out = zoo_model("tiny-qwen3"), tmp_path / "out"
+    file = _no_calib_targets(tmp_path, {"a": ["fp8-dynamic"], "b": ["fp8-block"]})
+    (a,) = build_checkpoints(model, out, ["a"], targets_file=file).targets
+    card = Path(a.checkpoint) / "README.md"
+    card.write_bytes(b"\xff\xfe a card saved in UTF-16\n")
+    args = ["build", "--target", "a", "--target", "b", "--model", str(model), "--output-root", str(out)]
+    result = runner.invoke(app, [*args, "--targets-file", str(file)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "build.json").read_text())
+    (warning,) = data["warnings"]
+    assert warning.startswith(f"{a.checkpoint}: model card not updated: UnicodeDecodeError")
+    assert "model card not updated: UnicodeDecodeError" in " ".join(result.output.split())
+    assert card.read_bytes() == b"\xff\xfe a card saved in UTF-16\n"  # left as it was
+    b = {t["name"]: t for t in data["targets"]}["b"]
+    assert b["status"] == "passed" and "Target `b`" in (Path(b["checkpoint"]) / "README.md").read_text()
+
+
+def _skills_model_whose_original_raises(tmp_path: Path, monkeypatch, error: Exception) -> Path:
+    """tiny-omni-skills, whose scoring raises ``error`` on the original model (where a kernel
+    would raise it: inside score_model; candidates are scored for real)."""
+    import quantkit.eval.skills
+    from quantkit.zoo import skills
+    from quantkit.zoo.models import build_zoo_model
+
+    if skills.committed_weights() is None:
+        pytest.skip("no trained tiny-omni-skills weights are committed (issue 17)")
+    model = build_zoo_model("tiny-omni-skills", tmp_path / "skills")
+    real = quantkit.eval.skills.score_model
+
+    def original_fails(model_dir, *args, **kwargs):
+        if Path(model_dir) == model:
+            raise error
+        return real(model_dir, *args, **kwargs)
+
+    monkeypatch.setattr(quantkit.eval.skills, "score_model", original_fails)
+    return model
+
+
+def test_an_error_scoring_the_original_fails_its_targets_and_the_build_goes_on(tmp_path, monkeypatch):
+    """--eval-tasks: the original cannot be scored (a library's error): each target it gates fails
+    with that error (its traceback in build.json), no candidate is judged on it, the build
+    finishes, and the command exits 1 without a traceback on screen."""
+    error = RuntimeError("CUDA error: device-side assert triggered")
+    model = _skills_model_whose_original_raises(tmp_path, monkeypatch, error)
+    file = _no_calib_targets(tmp_path, {"a": ["fp8-dynamic", "fp8-block"], "b": ["fp8-block"]})
+    out = tmp_path / "out"
+    args = ["build", "--target", "a", "--target", "b", "--model", str(model), "--output-root", str(out)]
+    args += ["--targets-file", str(file), "--eval-tasks", "caption", "--eval-items", "2"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    assert "scoring the original model: RuntimeError: CUDA error" in " ".join(result.output.split())
+    data = json.loads((out / "build.json").read_text())
+    assert data["complete"] and data["eval_original"] is None
+    for target in data["targets"]:
+        assert target["status"] == "failed" and target["checkpoint"] is None
+        assert (
+            target["error"]
+            == "scoring the original model: RuntimeError: CUDA error: device-side assert triggered"
+        )
+        assert "original_fails" in target["traceback"]
+        (step,) = target["chain"]  # the chain stops: no further candidate is judged on nothing
+        assert step["verdict"] == "error" and step["detail"] == target["error"]
+    assert {c["recipe"]: c["status"] for c in data["checkpoints"]} == {
+        "fp8-dynamic": "passed",
+        "fp8-block": "passed",
+    }
+
+
+def test_out_of_memory_scoring_the_original_is_raised(tmp_path, monkeypatch):
+    model = _skills_model_whose_original_raises(tmp_path, monkeypatch, MemoryError("exhausted"))
+    file = _no_calib_targets(tmp_path, {"a": ["fp8-dynamic"]})
+    with pytest.raises(MemoryError, match="exhausted"):
+        build_checkpoints(
+            model, tmp_path / "out", ["a"], targets_file=file, eval_tasks=["caption"], eval_items=2
+        )

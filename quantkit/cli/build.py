@@ -188,6 +188,8 @@ def print_build_summary(report) -> None:
                 f"[yellow]{t.name}: {len(missing)} task(s) of the calibration set not measured "
                 f"(no held-out sample): {', '.join(missing)}[/]"
             )
+    for warning in report.warnings:
+        console.print(f"[yellow]warning: {warning}[/]")
     console.print(f"build.json in {report.output_root}")
 
 
@@ -222,5 +224,7 @@ def print_chain(built) -> None:
                 console.print(f"  {name}: {line}")
     for note in built.notes:
         console.print(f"  {note}")
-    if not built.ok:
+    if built.error:
+        console.print(f"[red]target {built.name} failed: {built.error}[/]")
+    elif not built.ok:
         console.print(f"[red]target {built.name}: no candidate meets {built.max_loss}% on every task[/]")

@@ -105,6 +105,8 @@ class TargetBuild:
     checkpoint: str | None = None  # the kept candidate
     chain: list[ChainStep] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    error: str | None = None  # what failed the whole target, not one candidate (scoring the original)
+    traceback: str | None = None  # that error's, when a library raised it (build.json only)
 
     @property
     def ok(self) -> bool:
@@ -122,6 +124,7 @@ class BuildReport:
     eval_original: dict[str, float] | None = None  # the original's skills scores, per task
     requested: list[str] = field(default_factory=list)  # the targets asked for
     model_hash: str | None = None  # model_fingerprint: what "the same model" means across runs
+    warnings: list[str] = field(default_factory=list)  # what the build could not do (a card not rewritten)
 
     @property
     def complete(self) -> bool:
@@ -146,6 +149,7 @@ class BuildReport:
             "order": ORDER_RULE,
             "eval_tasks": self.eval_tasks,
             "eval_original": self.eval_original,
+            "warnings": self.warnings,
             "targets": [asdict(t) for t in self.targets],
             "checkpoints": [asdict(c) for c in self.checkpoints],
         }
@@ -418,13 +422,24 @@ def _judge(
     return step
 
 
-def _reraise_resource_errors(error: Exception) -> None:
-    """Out of memory or of stack is the machine's state, not the candidate's: raised, never recorded
-    as a failed candidate (the next candidate would only fail the same way, or be judged on it)."""
+def _library_failure(error: Exception) -> tuple[str, str]:
+    """A library's error (not a QuantkitError) that fails one piece of the build, the others going
+    on: its ``type: message`` and traceback (for build.json; call it inside the ``except``). Out of
+    memory or of stack is the machine's state, not the candidate's: raised, never recorded (the
+    next candidate would only fail the same way, or be judged on it)."""
     import torch
 
     if isinstance(error, (MemoryError, RecursionError, torch.OutOfMemoryError)):
         raise error
+    return f"{type(error).__name__}: {error}", traceback.format_exc()
+
+
+class _TargetFailed(Exception):
+    """What fails a whole target, not one candidate (the original model could not be scored)."""
+
+    def __init__(self, reason: str, trace: str | None) -> None:
+        super().__init__(reason)
+        self.reason, self.trace = reason, trace
 
 
 def _should_try(last: ChainStep | None, limit: float) -> bool:
@@ -553,7 +568,12 @@ def build_checkpoints(
     targets = run.all_targets()
     for folder in run.candidate_folders():
         if (Path(folder) / "config.json").is_file():
-            _update_card(Path(folder), _card_section(folder, targets))
+            try:
+                _update_card(Path(folder), _card_section(folder, targets))
+            except QuantkitError as error:  # one card not rewritten: said, the others still are
+                run.report.warnings.append(f"{folder}: model card not updated: {error}")
+            except Exception as error:  # a library's error: as in _quantize_and_verify
+                run.report.warnings.append(f"{folder}: model card not updated: {_library_failure(error)[0]}")
     run.save()
     return run.report
 
@@ -579,6 +599,7 @@ class _Run:
     tasks: set[str] | None = None  # of the held-out rows (held_out_tasks)
     set_tasks: set[str] = field(default_factory=set)  # of every row the model can take
     original_scores: dict[str, float] | None = None
+    original_failure: tuple[str, str | None] | None = None  # why the original could not be scored
     built: dict[str, CheckpointBuild] = field(default_factory=dict)
     sizes: dict[tuple[str, float | None], int | None] = field(default_factory=dict)  # predicted_bytes
     unplanned: dict[tuple[str, float | None], str] = field(default_factory=dict)  # why no size
@@ -638,7 +659,7 @@ class _Run:
         """The target's recipe; when it misses, the further candidates smallest first (ORDER_RULE)."""
         result = TargetBuild(target.name, max_loss, "failed")
         first = self._try(result, target.recipe, None, FIRST, max_loss)
-        if first is not None and first.verdict == "kept":
+        if (first is not None and first.verdict == "kept") or result.error:
             return result
         further = _further_candidates(
             target, calib=self.calib, max_loss=max_loss, first=first, notes=result.notes
@@ -648,7 +669,7 @@ class _Run:
         further.sort(key=lambda c: (sizes[c[:2]] is None, sizes[c[:2]] or 0))
         for recipe_name, bits, why in further:
             step = self._try(result, recipe_name, bits, why, max_loss, predicted=sizes[(recipe_name, bits)])
-            if step is not None and step.verdict == "kept":
+            if step is not None and (step.verdict == "kept" or result.error):
                 break
         return result
 
@@ -669,7 +690,12 @@ class _Run:
             return None
         entry, cached = self.candidate(recipe_name, bits, result.name)
         self.held_out_tasks()
-        step = _judge(entry, max_loss, self.eval_losses(entry), self.set_tasks)
+        try:
+            step = _judge(entry, max_loss, self.eval_losses(entry), self.set_tasks)
+        except _TargetFailed as failed:  # no candidate can be judged: the target fails here
+            step = _judge(entry, max_loss, {}, self.set_tasks)
+            step.verdict, step.detail = "error", failed.reason
+            result.error, result.traceback = failed.reason, failed.trace
         step.cached, step.why, step.predicted_bytes = cached, why, predicted
         if predicted is None and why != FIRST:  # a further candidate the plan could not size
             step.size_unknown = self.unplanned.get((recipe_name, bits))
@@ -846,10 +872,8 @@ class _Run:
             entry.status = "error"
             entry.reasons = [str(error)]
         except Exception as error:  # a library's error: recorded, and the chain goes on
-            _reraise_resource_errors(error)
-            entry.status = "error"
-            entry.reasons = [f"{type(error).__name__}: {error}"]
-            entry.traceback = traceback.format_exc()  # build.json only, not the screen
+            message, entry.traceback = _library_failure(error)  # the traceback: build.json only
+            entry.status, entry.reasons = "error", [message]
         entry.seconds = round(time.perf_counter() - started, 1)
         return verified
 
@@ -868,10 +892,8 @@ class _Run:
                 entry.status, entry.reasons = "error", [*entry.reasons, f"eval: {error}"]
                 return
             except Exception as error:  # a library's error: as in _quantize_and_verify
-                _reraise_resource_errors(error)
-                entry.status = "error"
-                entry.reasons = [*entry.reasons, f"eval: {type(error).__name__}: {error}"]
-                entry.traceback = traceback.format_exc()
+                message, entry.traceback = _library_failure(error)
+                entry.status, entry.reasons = "error", [*entry.reasons, f"eval: {message}"]
                 return
             scores.update({t.task: t.score for t in scored.tasks})
         entry.eval_scores = {"items": self.eval_items, "scores": scores}
@@ -880,12 +902,20 @@ class _Run:
         """100% - recovery per asked skills task (tasks the original scores 0 on are not judged)."""
         if not self.eval_names or not entry.eval_scores:
             return {}
-        if self.original_scores is None:
+        if self.original_scores is None and self.original_failure is None:
             from quantkit.eval.skills import score_model
 
-            scored = score_model(self.model_dir, self.eval_names, items=self.eval_items)
-            self.original_scores = {t.task: t.score for t in scored.tasks}
-            self.report.eval_original = self.original_scores
+            try:
+                scored = score_model(self.model_dir, self.eval_names, items=self.eval_items)
+                self.original_scores = {t.task: t.score for t in scored.tasks}
+                self.report.eval_original = self.original_scores
+            except QuantkitError as error:
+                self.original_failure = (f"scoring the original model: {error}", None)
+            except Exception as error:  # a library's error: as in _quantize_and_verify
+                message, trace = _library_failure(error)
+                self.original_failure = (f"scoring the original model: {message}", trace)
+        if self.original_failure is not None:  # every target it gates fails; the others go on
+            raise _TargetFailed(*self.original_failure)
         scores = entry.eval_scores["scores"]
         return {
             f"eval {task}": round(100.0 - 100.0 * scores[task] / base, 4) + 0.0  # -0.0 reads 0.0
