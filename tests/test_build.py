@@ -319,6 +319,9 @@ def test_a_target_whose_kept_checkpoint_a_later_run_rebuilt_is_stale(zoo_model, 
     assert targets["a"]["status"] == "stale" and targets["a"]["checkpoint"] is None
     assert any("rebuilt by a later run (for target b)" in note for note in targets["a"]["notes"])
     assert targets["b"]["status"] == "passed" and targets["b"]["checkpoint"] == folder
+    # The file's verdict covers every record in it: a's stale one too; this run's is this_run.
+    assert data["passed"] is False and data["complete"] is False
+    assert data["this_run"] == {"targets": ["b"], "passed": True, "complete": True}
     (entry,) = [c for c in [*data["checkpoints"], *data["earlier"]] if c["checkpoint"] == folder]
     assert entry["kept_for"] == ["b"]
     card = (Path(folder) / "README.md").read_text()
@@ -441,6 +444,13 @@ def test_a_candidate_the_plan_cannot_size_is_tried_last_and_says_why(wide_mlp_qw
         and "128x128 blocks" in tried["size_unknown"]
     )
     assert "fp8-block: size unknown, tried last" in " ".join(result.output.split())
+    # A run for ordered alone passes (its exit code); the file still records blocky's failure.
+    again = runner.invoke(app, [*args[:3], *args[5:], "--output-root", str(out), "--targets-file", str(file)])
+    assert again.exit_code == 0, again.output
+    data = json.loads((out / "build.json").read_text())
+    assert data["this_run"] == {"targets": ["ordered"], "passed": True, "complete": True}
+    assert data["passed"] is False and data["complete"] is True
+    assert {t["name"]: t["status"] for t in data["targets"]} == {"ordered": "passed", "blocky": "failed"}
 
 
 def test_an_error_of_the_plan_that_is_not_a_quantkit_error_is_raised(zoo_model, tmp_path, monkeypatch):

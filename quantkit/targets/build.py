@@ -128,11 +128,12 @@ class BuildReport:
 
     @property
     def complete(self) -> bool:
-        """Every requested target was built (build.json is saved while a build runs)."""
+        """This run built every target it was asked for (build.json is saved while a build runs)."""
         return {t.name for t in self.targets} >= set(self.requested)
 
     @property
     def passed(self) -> bool:
+        """This run's targets all passed (the exit code); build.json's ``passed`` is the file's."""
         return self.complete and all(t.ok for t in self.targets)
 
     def to_dict(self) -> dict:
@@ -285,9 +286,15 @@ def _write_build_file(
 ) -> None:
     """build.json: ``targets`` (this run's and the earlier ones it did not build again), this
     run's candidates, and earlier candidates this run did not touch; each candidate says which
-    targets keep it (kept_for)."""
+    targets keep it (kept_for). ``passed`` / ``complete`` are of every target record in the file,
+    ``this_run`` of this run's targets."""
     data = report.to_dict()
     data["targets"] = [asdict(t) for t in targets]
+    # The file's verdict is over every target record in it, earlier runs' included (a stale one is
+    # not a current judgement); this run's alone is this_run (the command's exit code).
+    data["complete"] = report.complete and not any(t.status == "stale" for t in targets)
+    data["passed"] = data["complete"] and all(t.ok for t in targets)
+    data["this_run"] = {"targets": report.requested, "passed": report.passed, "complete": report.complete}
     touched = {c.checkpoint for c in report.checkpoints}
     data["earlier"] = [dict(entry) for name, entry in sorted(previous.items()) if name not in touched]
     for entry in [*data["checkpoints"], *data["earlier"]]:
