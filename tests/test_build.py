@@ -168,6 +168,11 @@ def test_workflow_is_valid_and_runs_the_tested_commands():
         "checkpoints/build.json",
     ]
     assert "build.json" in kept_checkpoint_step(workflow)
+    # A build that exits 2 before writing build.json: neither step runs (the job shows the build's
+    # error, not a missing-file error of its own).
+    (kept,) = [s for s in job["steps"] if s.get("id") == "kept"]
+    for step in (kept, uploads[0]):
+        assert step["if"] == "always() && hashFiles('checkpoints/build.json') != ''"
 
 
 def kept_checkpoint_step(workflow: dict) -> str:
