@@ -552,3 +552,27 @@ def test_out_of_memory_scoring_the_original_is_raised(tmp_path, monkeypatch):
         build_checkpoints(
             model, tmp_path / "out", ["a"], targets_file=file, eval_tasks=["caption"], eval_items=2
         )
+
+
+def test_drift_losses_read_in_points_and_eval_task_losses_in_percent():
+    """The drift loss is percentage points of answer-token accuracy; an --eval-tasks loss is
+    100% - recovery: each judgement, chain table and card names its own unit, and a budget
+    judged against both says both."""
+    from quantkit.targets.build import CheckpointBuild, TargetBuild, _card_section, _judge, budget_text
+
+    def judged(losses: dict[str, float], max_loss: float):
+        drift = {k: v for k, v in losses.items() if not k.startswith("eval ")}
+        scored = {k: v for k, v in losses.items() if k.startswith("eval ")}
+        entry = CheckpointBuild(["t"], "w4a16", "/ckpt", "passed", "key", size_ratio=0.3, losses=drift)
+        return _judge(entry, max_loss, scored, set(drift))
+
+    drift = judged({"caption": 0.094, "ocr": 0.01}, 0.05)
+    assert drift.verdict == "over budget" and drift.detail == "caption lost 0.094 pts > 0.05 pts"
+    scored = judged({"caption": 0.01, "eval caption": 3.1}, 1.5)
+    assert scored.detail == "eval caption lost 3.1% > 1.5%"
+    target = TargetBuild("t", 1.5, "failed", chain=[scored])
+    assert budget_text(TargetBuild("t", 0.05, "failed", chain=[drift])) == "0.05 pts"
+    assert budget_text(target) == "1.5 (pts of drift loss, % of an eval task's score)"
+    kept = judged({"caption": 0.094}, 0.5)
+    card = _card_section("/ckpt", [TargetBuild("k", 0.5, "passed", "/ckpt", chain=[kept])])
+    assert "(budget 0.5 pts per task)" in card and "| caption | 0.094 pts |" in card

@@ -52,7 +52,11 @@ class When(BaseModel):
             return "on request only"
         parts = []
         if self.task_loss_above is not None:
-            limit = "the budget" if self.task_loss_above == "max_loss" else f"{self.task_loss_above}%"
+            limit = (
+                "the budget"
+                if self.task_loss_above == "max_loss"
+                else f"{self.task_loss_above} pts (% for an eval task)"
+            )
             parts.append(f"a task loses more than {limit}")
         if self.no_calibration_data:
             parts.append("no calibration data")
@@ -85,7 +89,11 @@ class Target(BaseModel):
     recipe: str
     why: str
     max_loss: StrictFloat = Field(
-        DEFAULT_MAX_LOSS, ge=0, le=100, description="the most a task may lose, percentage points (`build --max-loss`)"
+        DEFAULT_MAX_LOSS,
+        ge=0,
+        le=100,
+        description="the most a task may lose: percentage points of drift loss, percent of an eval "
+        "task's score (`build --max-loss`)",
     )
     avg_bits: list[StrictFloat] = Field(
         [],

@@ -47,6 +47,7 @@ ORDER_RULE = (
 )
 LOSS_VERSION = "answer-accuracy-points-2"
 FIRST = "the target's recipe"  # why the first candidate is tried
+EVAL_PREFIX = "eval "  # an --eval-tasks loss's key: "eval TASK" (drift losses are keyed by the task)
 _CARD_START, _CARD_END = "<!-- quantkit:build:start -->", "<!-- quantkit:build:end -->"
 
 
@@ -328,7 +329,7 @@ def _card_section(checkpoint: str, targets: list[TargetBuild]) -> str:
     ]
     for target in kept:
         lines += [
-            f"Target `{target.name}` (budget {target.max_loss}% per task), candidates in the order tried:",
+            f"Target `{target.name}` (budget {budget_text(target)} per task), candidates in the order tried:",
             "",
             "| # | recipe | avg bits | size | worst task | loss | its KL / entropy | verdict | tried because |",
             "|---|---|---|---|---|---|---|---|---|",
@@ -336,8 +337,8 @@ def _card_section(checkpoint: str, targets: list[TargetBuild]) -> str:
         for index, step in enumerate(target.chain, 1):
             lines.append(
                 f"| {index} | {step.recipe} | {_fmt_bits(step.avg_bits)} | {_fmt_size(step.size_ratio)} | "
-                f"{step.worst_task or '-'} | {_fmt_loss(step.worst_loss)} | "
-                f"{_fmt_loss(step.kl_losses.get(step.worst_task or ''))} | {step.verdict} | {step.why} |"
+                f"{step.worst_task or '-'} | {format_loss(step.worst_loss, step.worst_task)} | "
+                f"{_fmt_percent(step.kl_losses.get(step.worst_task or ''))} | {step.verdict} | {step.why} |"
             )
         lines.append("")
         if target.chain[-1].unmeasured:
@@ -355,7 +356,7 @@ def _card_section(checkpoint: str, targets: list[TargetBuild]) -> str:
                 ]
             elif step.checkpoint == checkpoint and step.verdict != "kept":
                 lines += [
-                    f"Not kept for target `{target.name}` (budget {target.max_loss}%): {step.detail}.",
+                    f"Not kept for target `{target.name}` (budget {budget_text(target)}): {step.detail}.",
                     "",
                 ]
     lines += ["The whole chain is in the build folder's `build.json`.", _CARD_END, ""]
@@ -376,8 +377,28 @@ def _fmt_size(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.3f}x"
 
 
-def _fmt_loss(loss: float | None) -> str:
-    return "-" if loss is None else f"{loss:.3g}%"
+def _fmt_percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}%"
+
+
+def loss_unit(task: str | None) -> str:
+    """A task's loss unit: percentage points of answer-token accuracy for drift (LOSS_DEFINITION),
+    percent of the original's score (100% - recovery) for an --eval-tasks task."""
+    return "%" if task and task.startswith(EVAL_PREFIX) else " pts"
+
+
+def format_loss(loss: float | None, task: str | None) -> str:
+    """``0.094 pts`` (a drift loss) or ``3.1%`` (an --eval-tasks loss)."""
+    return "-" if loss is None else f"{loss:.3g}{loss_unit(task)}"
+
+
+def budget_text(target: TargetBuild) -> str:
+    """The target's max_loss with its unit: points, and percent too where --eval-tasks losses
+    were judged against it."""
+    scored = any(task.startswith(EVAL_PREFIX) for step in target.chain for task in step.losses)
+    if scored:
+        return f"{target.max_loss} (pts of drift loss, % of an eval task's score)"
+    return f"{target.max_loss} pts"
 
 
 def resolve_eval_tasks(model_dir: Path, eval_tasks: list[str] | None) -> list[str]:
@@ -417,7 +438,10 @@ def _judge(
         step.detail = "; ".join(entry.reasons)
     elif step.worst_loss is not None and step.worst_loss > max_loss + 1e-9:
         step.verdict = "over budget"
-        step.detail = f"{step.worst_task} lost {step.worst_loss:.3g}% > {max_loss}%"
+        unit = loss_unit(step.worst_task)
+        step.detail = (
+            f"{step.worst_task} lost {format_loss(step.worst_loss, step.worst_task)} > {max_loss}{unit}"
+        )
     elif not losses:
         step.detail = "loss not measured (no --calib and no --eval-tasks)"
     if entry.text_scope_samples:
@@ -476,7 +500,12 @@ def _further_candidates(target, *, calib: Path | None, max_loss: float, first: C
             limit = max_loss if when.task_loss_above == "max_loss" else float(when.task_loss_above)
             if _should_try(first, limit):
                 found.append(
-                    (fallback.recipe, None, f"the target's recipe failed or lost more than {limit:g}%")
+                    (
+                        fallback.recipe,
+                        None,
+                        f"the target's recipe failed or lost more than {limit:g}"
+                        f"{loss_unit(first.worst_task if first else None)}",
+                    )
                 )
     return found
 
@@ -517,7 +546,7 @@ def build_checkpoints(
 ) -> BuildReport:
     """Build each target's chain until a candidate meets its accuracy budget (ORDER_RULE).
 
-    ``max_loss`` (percentage points per task) overrides every target's ``max_loss``; the loss is drift on
+    ``max_loss`` (per task: percentage points of drift loss, percent for eval tasks) overrides every target's ``max_loss``; the loss is drift on
     ``drift_samples`` held-out calibration samples (LOSS_DEFINITION) and, with ``eval_tasks``
     (skills task names of the model's skills.json, or ``skills`` for all), 100% - recovery on
     ``eval_items`` items per task. A target that fails (bad input, failed proof, failed checks,
@@ -536,7 +565,9 @@ def build_checkpoints(
     if not target_names:
         raise InputError("no target given", hint="pass --target NAME (see `quantkit targets`)")
     if max_loss is not None and not 0 <= max_loss <= 100:
-        raise InputError(f"--max-loss {max_loss}: a percent in [0, 100]")
+        raise InputError(
+            f"--max-loss {max_loss}: a loss in [0, 100] (points of drift loss, percent of an --eval-tasks score)"
+        )
     model_dir, output_root = Path(model_dir), Path(output_root)
     refuse_overlap(output_root, {"model folder": model_dir, "calibration set": calib}, option="--output-root")
     check_model_folder(model_dir)
@@ -925,7 +956,7 @@ class _Run:
             raise _TargetFailed(*self.original_failure)
         scores = entry.eval_scores["scores"]
         return {
-            f"eval {task}": round(100.0 - 100.0 * scores[task] / base, 4) + 0.0  # -0.0 reads 0.0
+            f"{EVAL_PREFIX}{task}": round(100.0 - 100.0 * scores[task] / base, 4) + 0.0  # -0.0 reads 0.0
             for task, base in self.original_scores.items()
             if base > 0 and task in scores
         }
