@@ -546,12 +546,13 @@ def build_checkpoints(
 ) -> BuildReport:
     """Build each target's chain until a candidate meets its accuracy budget (ORDER_RULE).
 
-    ``max_loss`` (per task: percentage points of drift loss, percent for eval tasks) overrides every target's ``max_loss``; the loss is drift on
-    ``drift_samples`` held-out calibration samples (LOSS_DEFINITION) and, with ``eval_tasks``
-    (skills task names of the model's skills.json, or ``skills`` for all), 100% - recovery on
-    ``eval_items`` items per task. A target that fails (bad input, failed proof, failed checks,
-    every candidate over budget) is recorded and the others go on. A candidate whose inputs match
-    the last build and that passed its checks then is reused unless ``force``.
+    ``max_loss`` (per task: percentage points of drift loss, percent for eval tasks) overrides
+    every target's ``max_loss``; the loss is drift on ``drift_samples`` held-out calibration
+    samples (LOSS_DEFINITION) and, with ``eval_tasks`` (skills task names of the model's
+    skills.json, or ``skills`` for all), 100% - recovery on ``eval_items`` items per task. A
+    target that fails (bad input, failed proof, failed checks, every candidate over budget) is
+    recorded and the others go on. A candidate whose inputs match the last build and that passed
+    its checks then is reused unless ``force``.
     ``on_checkpoint`` is called with each (CheckpointBuild, VerifyReport | None) as it finishes,
     ``on_target`` with each TargetBuild.
 
