@@ -206,7 +206,10 @@ def run_kept_checkpoint_step(folder: Path, target: str) -> str:
             "on_request: true alone",
         ),
         ("{recipe: fp8, when: {task_loss_above: 1.5, sometimes: true}, why: x}", "sometimes"),
-        ("{recipe: fp8, when: {task_loss_above: 150}, why: x}", "a percent"),
+        (
+            "{recipe: fp8, when: {task_loss_above: 150}, why: x}",
+            r"150.0: a loss in \[0, 100\] \(pts of drift loss",
+        ),
         # Strict types: YAML's true is not the number 1, nor 1 the boolean true.
         ("{recipe: fp8, when: {task_loss_above: true}, why: x}", "a valid number"),
         ("{recipe: fp8, when: {no_calibration_data: 1}, why: x}", "a valid boolean"),
@@ -388,14 +391,16 @@ def test_out_of_memory_in_a_candidate_is_raised_not_recorded(zoo_model, tmp_path
         build_checkpoints(zoo_model("tiny-qwen3"), tmp_path / "out", ["a"], targets_file=file)
 
 
-def _no_calib_targets(folder: Path, chains: dict[str, list[str]]) -> Path:
-    """Targets on fp8 (which calibrates: not tried without --calib) whose fallbacks, for "no
-    calibration data", are ``chains[name]`` in that order."""
+def _no_calib_targets(
+    folder: Path, chains: dict[str, list[str]], recipes: dict[str, str] | None = None
+) -> Path:
+    """Targets on fp8 (which calibrates: not tried without --calib), or on ``recipes[name]``, whose
+    fallbacks, for "no calibration data", are ``chains[name]`` in that order."""
     entries = [
         {
             "name": name,
             "hardware": ["test GPU"],
-            "recipe": "fp8",
+            "recipe": (recipes or {}).get(name, "fp8"),
             "why": "test",
             "max_loss": 100.0,
             "fallbacks": [
@@ -458,17 +463,37 @@ def test_a_candidate_the_plan_cannot_size_is_tried_last_and_says_why(wide_mlp_qw
     assert {t["name"]: t["status"] for t in data["targets"]} == {"ordered": "passed", "blocky": "failed"}
 
 
-def test_an_error_of_the_plan_that_is_not_a_quantkit_error_is_raised(zoo_model, tmp_path, monkeypatch):
-    """Only the plan's own refusals (QuantkitError) make a size unknown; any other error in
-    ordering the candidates is a bug and stops the build instead of hiding in the order."""
+def test_a_library_error_of_the_plan_makes_the_size_unknown_and_the_build_goes_on(
+    zoo_model, tmp_path, monkeypatch
+):
+    """A library's error sizing a candidate (not the plan's own refusal) makes its size unknown:
+    the candidate is still tried, last, its record says the plan failed and how, and the later
+    targets are built (one target failing keeps the others)."""
     import quantkit.quantize
 
-    def broken_plan(*args, **kwargs):
+    def broken_plan(*args, **kwargs):  # the ordering's plan only; quantize plans for itself
         raise KeyError("model_type")
 
     monkeypatch.setattr(quantkit.quantize, "plan", broken_plan)
+    file = _no_calib_targets(tmp_path, {"a": ["fp8-dynamic"], "b": ["fp8-block"]})
+    report = build_checkpoints(zoo_model("tiny-qwen3"), tmp_path / "out", ["a", "b"], targets_file=file)
+    assert [t.name for t in report.targets] == ["a", "b"]
+    for target, recipe in zip(report.targets, ["fp8-dynamic", "fp8-block"], strict=True):
+        (step,) = target.chain
+        assert (step.recipe, step.predicted_bytes) == (recipe, None)
+        assert step.size_unknown == "size unknown, tried last: the plan failed: KeyError: 'model_type'"
+        assert target.status == "passed", step.detail
+
+
+def test_out_of_memory_in_the_plan_is_raised(zoo_model, tmp_path, monkeypatch):
+    import quantkit.quantize
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError("exhausted")
+
+    monkeypatch.setattr(quantkit.quantize, "plan", exhausted)
     file = _no_calib_targets(tmp_path, {"a": ["fp8-dynamic"]})
-    with pytest.raises(KeyError, match="model_type"):
+    with pytest.raises(MemoryError, match="exhausted"):
         build_checkpoints(zoo_model("tiny-qwen3"), tmp_path / "out", ["a"], targets_file=file)
 
 
@@ -491,6 +516,21 @@ def test_a_card_that_cannot_be_rewritten_is_a_warning_and_the_other_cards_are_wr
     assert card.read_bytes() == b"\xff\xfe a card saved in UTF-16\n"  # left as it was
     b = {t["name"]: t for t in data["targets"]}["b"]
     assert b["status"] == "passed" and "Target `b`" in (Path(b["checkpoint"]) / "README.md").read_text()
+
+
+def test_a_disk_error_rewriting_a_card_exits_1(zoo_model, tmp_path):
+    """A card the disk cannot write (here: a folder where README.md goes, as a full disk would
+    fail it) is not a warning: the file-system error exits 1, with the file named, no traceback."""
+    model, out = zoo_model("tiny-qwen3"), tmp_path / "out"
+    file = _no_calib_targets(tmp_path, {"a": ["fp8-dynamic"]})
+    (a,) = build_checkpoints(model, out, ["a"], targets_file=file).targets
+    card = Path(a.checkpoint) / "README.md"
+    card.unlink()
+    card.mkdir()
+    args = ["build", "--target", "a", "--model", str(model), "--output-root", str(out)]
+    result = runner.invoke(app, [*args, "--targets-file", str(file)])
+    assert result.exit_code == 1, result.output
+    assert "README.md" in result.output and "Traceback" not in result.output
 
 
 def _skills_model_whose_original_raises(tmp_path: Path, monkeypatch, error: Exception) -> Path:
@@ -517,12 +557,15 @@ def _skills_model_whose_original_raises(tmp_path: Path, monkeypatch, error: Exce
 def test_an_error_scoring_the_original_fails_its_targets_and_the_build_goes_on(tmp_path, monkeypatch):
     """--eval-tasks: the original cannot be scored (a library's error): each target it gates fails
     with that error (its traceback in build.json), no candidate is judged on it, the build
-    finishes, and the command exits 1 without a traceback on screen."""
+    finishes, and the command exits 1 without a traceback on screen. a and b's own recipe (fp8)
+    is skipped without --calib; c's own recipe builds, and its chain stops there too."""
     error = RuntimeError("CUDA error: device-side assert triggered")
     model = _skills_model_whose_original_raises(tmp_path, monkeypatch, error)
-    file = _no_calib_targets(tmp_path, {"a": ["fp8-dynamic", "fp8-block"], "b": ["fp8-block"]})
+    chains = {"a": ["fp8-dynamic", "fp8-block"], "b": ["fp8-block"], "c": ["fp8-block"]}
+    file = _no_calib_targets(tmp_path, chains, recipes={"c": "fp8-dynamic"})
     out = tmp_path / "out"
-    args = ["build", "--target", "a", "--target", "b", "--model", str(model), "--output-root", str(out)]
+    args = ["build", "--target", "a", "--target", "b", "--target", "c", "--model", str(model)]
+    args += ["--output-root", str(out)]
     args += ["--targets-file", str(file), "--eval-tasks", "caption", "--eval-items", "2"]
     result = runner.invoke(app, args)
     assert result.exit_code == 1, result.output
@@ -539,6 +582,9 @@ def test_an_error_scoring_the_original_fails_its_targets_and_the_build_goes_on(t
         assert "original_fails" in target["traceback"]
         (step,) = target["chain"]  # the chain stops: no further candidate is judged on nothing
         assert step["verdict"] == "error" and step["detail"] == target["error"]
+        assert step["why"] == ("the target's recipe" if target["name"] == "c" else "no calibration data")
+    assert [t["name"] for t in data["targets"]] == ["a", "b", "c"]
+    assert {t["name"]: t["chain"][0]["recipe"] for t in data["targets"]}["c"] == "fp8-dynamic"
     assert {c["recipe"]: c["status"] for c in data["checkpoints"]} == {
         "fp8-dynamic": "passed",
         "fp8-block": "passed",

@@ -66,7 +66,7 @@ class CheckpointBuild:
     size_ratio: float | None = None
     drift: dict | None = None  # overall KL / top-1 of the checkpoint
     avg_bits: float | None = None
-    losses: dict[str, float] | None = None  # drift loss per task, percent (LOSS_DEFINITION)
+    losses: dict[str, float] | None = None  # drift loss per task, pts (LOSS_DEFINITION)
     kl_losses: dict[str, float] | None = None  # KL / entropy per task, percent (not gated on)
     text_scope_samples: list[str] | None = None  # held-out samples without answer tokens (text positions)
     eval_scores: dict | None = None  # {"items": n, "scores": {task: score}} with --eval-tasks
@@ -474,7 +474,8 @@ class _TargetFailed(Exception):
 
 
 def _should_try(last: ChainStep | None, limit: float) -> bool:
-    """The candidate before failed: its checks, or a task lost more than ``limit`` percent."""
+    """The candidate before failed: its checks, or a task lost more than ``limit``
+    (pts of drift loss, % of an eval task's score)."""
     if last is None:
         return False
     if last.verdict in ("failed", "error"):
@@ -611,6 +612,8 @@ def build_checkpoints(
                 _update_card(Path(folder), _card_section(folder, targets))
             except QuantkitError as error:  # one card not rewritten: said, the others still are
                 run.report.warnings.append(f"{folder}: model card not updated: {error}")
+            except OSError:  # a disk that fails or fills up: exit 1 (quantkit/cli/_common.py)
+                raise
             except Exception as error:  # a library's error: as in _quantize_and_verify
                 run.report.warnings.append(f"{folder}: model card not updated: {_library_failure(error)[0]}")
     run.save()
@@ -745,9 +748,9 @@ class _Run:
 
     def predicted_bytes(self, recipe_name: str, bits: float | None) -> int | None:
         """The checkpoint size quantize's plan predicts from the config. None: the plan refuses the
-        recipe for this model (a QuantkitError, e.g. a width its blocks do not divide; why is in
-        ``unplanned``): the candidate is tried last and its build says why. Any other error is a
-        bug, raised."""
+        recipe for this model (a QuantkitError, e.g. a width its blocks do not divide) or a
+        library's error fails it (out of memory / stack raised): why is in ``unplanned``, the
+        candidate is tried last and its build says why."""
         from quantkit.quantize import plan
         from quantkit.recipes import get_recipe
 
@@ -762,6 +765,10 @@ class _Run:
                 self.unplanned[(recipe_name, bits)] = (
                     f"size unknown, tried last: the plan refuses it: {error}"
                 )
+            except Exception as error:  # a library's: quantize hits it too and records the candidate
+                message, _ = _library_failure(error)  # out of memory / stack still raised
+                self.sizes[(recipe_name, bits)] = None
+                self.unplanned[(recipe_name, bits)] = f"size unknown, tried last: the plan failed: {message}"
         return self.sizes[(recipe_name, bits)]
 
     @staticmethod
