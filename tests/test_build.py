@@ -168,6 +168,11 @@ def test_workflow_is_valid_and_runs_the_tested_commands():
         "checkpoints/build.json",
     ]
     assert "build.json" in kept_checkpoint_step(workflow)
+    # A build that exits 2 before writing build.json: neither step runs (the job shows the build's
+    # error, not a missing-file error of its own).
+    (kept,) = [s for s in job["steps"] if s.get("id") == "kept"]
+    for step in (kept, uploads[0]):
+        assert step["if"] == "always() && hashFiles('checkpoints/build.json') != ''"
 
 
 def kept_checkpoint_step(workflow: dict) -> str:
@@ -201,7 +206,10 @@ def run_kept_checkpoint_step(folder: Path, target: str) -> str:
             "on_request: true alone",
         ),
         ("{recipe: fp8, when: {task_loss_above: 1.5, sometimes: true}, why: x}", "sometimes"),
-        ("{recipe: fp8, when: {task_loss_above: 150}, why: x}", "a percent"),
+        (
+            "{recipe: fp8, when: {task_loss_above: 150}, why: x}",
+            r"150.0: a loss in \[0, 100\] \(pts of drift loss",
+        ),
         # Strict types: YAML's true is not the number 1, nor 1 the boolean true.
         ("{recipe: fp8, when: {task_loss_above: true}, why: x}", "a valid number"),
         ("{recipe: fp8, when: {no_calibration_data: 1}, why: x}", "a valid boolean"),
@@ -319,6 +327,9 @@ def test_a_target_whose_kept_checkpoint_a_later_run_rebuilt_is_stale(zoo_model, 
     assert targets["a"]["status"] == "stale" and targets["a"]["checkpoint"] is None
     assert any("rebuilt by a later run (for target b)" in note for note in targets["a"]["notes"])
     assert targets["b"]["status"] == "passed" and targets["b"]["checkpoint"] == folder
+    # The file's verdict covers every record in it: a's stale one too; this run's is this_run.
+    assert data["passed"] is False and data["complete"] is False
+    assert data["this_run"] == {"targets": ["b"], "passed": True, "complete": True}
     (entry,) = [c for c in [*data["checkpoints"], *data["earlier"]] if c["checkpoint"] == folder]
     assert entry["kept_for"] == ["b"]
     card = (Path(folder) / "README.md").read_text()
@@ -378,3 +389,236 @@ def test_out_of_memory_in_a_candidate_is_raised_not_recorded(zoo_model, tmp_path
     file = _data_free_targets(tmp_path, "a")
     with pytest.raises(error, match="exhausted"):
         build_checkpoints(zoo_model("tiny-qwen3"), tmp_path / "out", ["a"], targets_file=file)
+
+
+def _no_calib_targets(
+    folder: Path, chains: dict[str, list[str]], recipes: dict[str, str] | None = None
+) -> Path:
+    """Targets on fp8 (which calibrates: not tried without --calib), or on ``recipes[name]``, whose
+    fallbacks, for "no calibration data", are ``chains[name]`` in that order."""
+    entries = [
+        {
+            "name": name,
+            "hardware": ["test GPU"],
+            "recipe": (recipes or {}).get(name, "fp8"),
+            "why": "test",
+            "max_loss": 100.0,
+            "fallbacks": [
+                {"recipe": r, "when": {"no_calibration_data": True}, "why": "test"} for r in fallbacks
+            ],
+        }
+        for name, fallbacks in chains.items()
+    ]
+    path = folder / "targets.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "targets": entries}, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def wide_mlp_qwen3(zoo_model, tmp_path_factory) -> Path:
+    """tiny-qwen3 with an MLP width of 576 (SmolLM2's: 4.5 x 128): fp8-block's 128x128 blocks do
+    not divide down_proj's input, so quantize's plan refuses that recipe from the config."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from quantkit.export.files import copy_sidecar_files
+
+    source = zoo_model("tiny-qwen3")
+    output = tmp_path_factory.mktemp("wide") / "wide-qwen3"
+    config = json.loads((source / "config.json").read_text())
+    config.update(intermediate_size=576)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(**{k: v for k, v in config.items() if k != "architectures"}))
+    model.to(torch.bfloat16).save_pretrained(output)
+    copy_sidecar_files(source, output)
+    return output
+
+
+def test_a_candidate_the_plan_cannot_size_is_tried_last_and_says_why(wide_mlp_qwen3, tmp_path):
+    """The plan refuses fp8-block for this model (a QuantkitError): that candidate is ordered
+    after those it can size, and when it is tried its record and the screen say its size was
+    unknown and why."""
+    file = _no_calib_targets(tmp_path, {"ordered": ["fp8-block", "fp8-dynamic"], "blocky": ["fp8-block"]})
+    out = tmp_path / "out"
+    args = ["build", "--target", "ordered", "--target", "blocky", "--model", str(wide_mlp_qwen3)]
+    result = runner.invoke(app, [*args, "--output-root", str(out), "--targets-file", str(file)])
+    assert result.exit_code == 1, result.output  # blocky has nothing that builds
+    targets = {t["name"]: t for t in json.loads((out / "build.json").read_text())["targets"]}
+    (kept,) = targets["ordered"]["chain"]  # fp8-dynamic first, though listed second; then kept
+    assert (kept["recipe"], kept["verdict"], kept["size_unknown"]) == ("fp8-dynamic", "kept", None)
+    assert kept["predicted_bytes"] > 0
+    (tried,) = targets["blocky"]["chain"]
+    assert (tried["recipe"], tried["verdict"], tried["predicted_bytes"]) == ("fp8-block", "error", None)
+    assert (
+        tried["size_unknown"].startswith("size unknown, tried last")
+        and "128x128 blocks" in tried["size_unknown"]
+    )
+    assert "fp8-block: size unknown, tried last" in " ".join(result.output.split())
+    # A run for ordered alone passes (its exit code); the file still records blocky's failure.
+    again = runner.invoke(app, [*args[:3], *args[5:], "--output-root", str(out), "--targets-file", str(file)])
+    assert again.exit_code == 0, again.output
+    data = json.loads((out / "build.json").read_text())
+    assert data["this_run"] == {"targets": ["ordered"], "passed": True, "complete": True}
+    assert data["passed"] is False and data["complete"] is True
+    assert {t["name"]: t["status"] for t in data["targets"]} == {"ordered": "passed", "blocky": "failed"}
+
+
+def test_a_library_error_of_the_plan_makes_the_size_unknown_and_the_build_goes_on(
+    zoo_model, tmp_path, monkeypatch
+):
+    """A library's error sizing a candidate (not the plan's own refusal) makes its size unknown:
+    the candidate is still tried, last, its record says the plan failed and how, and the later
+    targets are built (one target failing keeps the others)."""
+    import quantkit.quantize
+
+    def broken_plan(*args, **kwargs):  # the ordering's plan only; quantize plans for itself
+        raise KeyError("model_type")
+
+    monkeypatch.setattr(quantkit.quantize, "plan", broken_plan)
+    file = _no_calib_targets(tmp_path, {"a": ["fp8-dynamic"], "b": ["fp8-block"]})
+    report = build_checkpoints(zoo_model("tiny-qwen3"), tmp_path / "out", ["a", "b"], targets_file=file)
+    assert [t.name for t in report.targets] == ["a", "b"]
+    for target, recipe in zip(report.targets, ["fp8-dynamic", "fp8-block"], strict=True):
+        (step,) = target.chain
+        assert (step.recipe, step.predicted_bytes) == (recipe, None)
+        assert step.size_unknown == "size unknown, tried last: the plan failed: KeyError: 'model_type'"
+        assert target.status == "passed", step.detail
+
+
+def test_out_of_memory_in_the_plan_is_raised(zoo_model, tmp_path, monkeypatch):
+    import quantkit.quantize
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError("exhausted")
+
+    monkeypatch.setattr(quantkit.quantize, "plan", exhausted)
+    file = _no_calib_targets(tmp_path, {"a": ["fp8-dynamic"]})
+    with pytest.raises(MemoryError, match="exhausted"):
+        build_checkpoints(zoo_model("tiny-qwen3"), tmp_path / "out", ["a"], targets_file=file)
+
+
+def test_a_card_that_cannot_be_rewritten_is_a_warning_and_the_other_cards_are_written(zoo_model, tmp_path):
+    """A kept checkpoint's README.md that is not UTF-8 (edited elsewhere): rewriting its build
+    section fails with a library's error; the build records and prints a warning, writes the
+    other cards, and exits by its targets (0)."""
+    model, out = zoo_model("tiny-qwen3"), tmp_path / "out"
+    file = _no_calib_targets(tmp_path, {"a": ["fp8-dynamic"], "b": ["fp8-block"]})
+    (a,) = build_checkpoints(model, out, ["a"], targets_file=file).targets
+    card = Path(a.checkpoint) / "README.md"
+    card.write_bytes(b"\xff\xfe a card saved in UTF-16\n")
+    args = ["build", "--target", "a", "--target", "b", "--model", str(model), "--output-root", str(out)]
+    result = runner.invoke(app, [*args, "--targets-file", str(file)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "build.json").read_text())
+    (warning,) = data["warnings"]
+    assert warning.startswith(f"{a.checkpoint}: model card not updated: UnicodeDecodeError")
+    assert "model card not updated: UnicodeDecodeError" in " ".join(result.output.split())
+    assert card.read_bytes() == b"\xff\xfe a card saved in UTF-16\n"  # left as it was
+    b = {t["name"]: t for t in data["targets"]}["b"]
+    assert b["status"] == "passed" and "Target `b`" in (Path(b["checkpoint"]) / "README.md").read_text()
+
+
+def test_a_disk_error_rewriting_a_card_exits_1(zoo_model, tmp_path):
+    """A card the disk cannot write (here: a folder where README.md goes, as a full disk would
+    fail it) is not a warning: the file-system error exits 1, with the file named, no traceback."""
+    model, out = zoo_model("tiny-qwen3"), tmp_path / "out"
+    file = _no_calib_targets(tmp_path, {"a": ["fp8-dynamic"]})
+    (a,) = build_checkpoints(model, out, ["a"], targets_file=file).targets
+    card = Path(a.checkpoint) / "README.md"
+    card.unlink()
+    card.mkdir()
+    args = ["build", "--target", "a", "--model", str(model), "--output-root", str(out)]
+    result = runner.invoke(app, [*args, "--targets-file", str(file)])
+    assert result.exit_code == 1, result.output
+    assert "README.md" in result.output and "Traceback" not in result.output
+
+
+def _skills_model_whose_original_raises(tmp_path: Path, monkeypatch, error: Exception) -> Path:
+    """tiny-omni-skills, whose scoring raises ``error`` on the original model (where a kernel
+    would raise it: inside score_model; candidates are scored for real)."""
+    import quantkit.eval.skills
+    from quantkit.zoo import skills
+    from quantkit.zoo.models import build_zoo_model
+
+    if skills.committed_weights() is None:
+        pytest.skip("no trained tiny-omni-skills weights are committed (issue 17)")
+    model = build_zoo_model("tiny-omni-skills", tmp_path / "skills")
+    real = quantkit.eval.skills.score_model
+
+    def original_fails(model_dir, *args, **kwargs):
+        if Path(model_dir) == model:
+            raise error
+        return real(model_dir, *args, **kwargs)
+
+    monkeypatch.setattr(quantkit.eval.skills, "score_model", original_fails)
+    return model
+
+
+def test_an_error_scoring_the_original_fails_its_targets_and_the_build_goes_on(tmp_path, monkeypatch):
+    """--eval-tasks: the original cannot be scored (a library's error): each target it gates fails
+    with that error (its traceback in build.json), no candidate is judged on it, the build
+    finishes, and the command exits 1 without a traceback on screen. a and b's own recipe (fp8)
+    is skipped without --calib; c's own recipe builds, and its chain stops there too."""
+    error = RuntimeError("CUDA error: device-side assert triggered")
+    model = _skills_model_whose_original_raises(tmp_path, monkeypatch, error)
+    chains = {"a": ["fp8-dynamic", "fp8-block"], "b": ["fp8-block"], "c": ["fp8-block"]}
+    file = _no_calib_targets(tmp_path, chains, recipes={"c": "fp8-dynamic"})
+    out = tmp_path / "out"
+    args = ["build", "--target", "a", "--target", "b", "--target", "c", "--model", str(model)]
+    args += ["--output-root", str(out)]
+    args += ["--targets-file", str(file), "--eval-tasks", "caption", "--eval-items", "2"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.output
+    assert "original_fails" not in result.output  # its traceback is build.json's, not the screen's
+    assert "scoring the original model: RuntimeError: CUDA error" in " ".join(result.output.split())
+    data = json.loads((out / "build.json").read_text())
+    assert data["complete"] and data["eval_original"] is None
+    for target in data["targets"]:
+        assert target["status"] == "failed" and target["checkpoint"] is None
+        assert (
+            target["error"]
+            == "scoring the original model: RuntimeError: CUDA error: device-side assert triggered"
+        )
+        assert "original_fails" in target["traceback"]
+        (step,) = target["chain"]  # the chain stops: no further candidate is judged on nothing
+        assert step["verdict"] == "error" and step["detail"] == target["error"]
+        assert step["why"] == ("the target's recipe" if target["name"] == "c" else "no calibration data")
+    assert [t["name"] for t in data["targets"]] == ["a", "b", "c"]
+    assert {t["name"]: t["chain"][0]["recipe"] for t in data["targets"]}["c"] == "fp8-dynamic"
+    assert {c["recipe"]: c["status"] for c in data["checkpoints"]} == {
+        "fp8-dynamic": "passed",
+        "fp8-block": "passed",
+    }
+
+
+def test_out_of_memory_scoring_the_original_is_raised(tmp_path, monkeypatch):
+    model = _skills_model_whose_original_raises(tmp_path, monkeypatch, MemoryError("exhausted"))
+    file = _no_calib_targets(tmp_path, {"a": ["fp8-dynamic"]})
+    with pytest.raises(MemoryError, match="exhausted"):
+        build_checkpoints(
+            model, tmp_path / "out", ["a"], targets_file=file, eval_tasks=["caption"], eval_items=2
+        )
+
+
+def test_drift_losses_read_in_points_and_eval_task_losses_in_percent():
+    """The drift loss is percentage points of answer-token accuracy; an --eval-tasks loss is
+    100% - recovery: each judgement, chain table and card names its own unit, and a budget
+    judged against both says both."""
+    from quantkit.targets.build import CheckpointBuild, TargetBuild, _card_section, _judge, budget_text
+
+    def judged(losses: dict[str, float], max_loss: float):
+        drift = {k: v for k, v in losses.items() if not k.startswith("eval ")}
+        scored = {k: v for k, v in losses.items() if k.startswith("eval ")}
+        entry = CheckpointBuild(["t"], "w4a16", "/ckpt", "passed", "key", size_ratio=0.3, losses=drift)
+        return _judge(entry, max_loss, scored, set(drift))
+
+    drift = judged({"caption": 0.094, "ocr": 0.01}, 0.05)
+    assert drift.verdict == "over budget" and drift.detail == "caption lost 0.094 pts > 0.05 pts"
+    scored = judged({"caption": 0.01, "eval caption": 3.1}, 1.5)
+    assert scored.detail == "eval caption lost 3.1% > 1.5%"
+    target = TargetBuild("t", 1.5, "failed", chain=[scored])
+    assert budget_text(TargetBuild("t", 0.05, "failed", chain=[drift])) == "0.05 pts"
+    assert budget_text(target) == "1.5 (pts of drift loss, % of an eval task's score)"
+    kept = judged({"caption": 0.094}, 0.5)
+    card = _card_section("/ckpt", [TargetBuild("k", 0.5, "passed", "/ckpt", chain=[kept])])
+    assert "(budget 0.5 pts per task)" in card and "| caption | 0.094 pts |" in card

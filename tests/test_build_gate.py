@@ -100,13 +100,15 @@ def test_primary_over_budget_ends_on_a_promoted_or_fallback_candidate(setup, tmp
     assert (kept["recipe"], kept["avg_bits"]) in [(worse.recipe, b) for b in steps] + [(better.recipe, None)]
     assert all(step["verdict"] == "over budget" for step in chain[:-1])
     assert gated["status"] == "passed" and gated["checkpoint"] == kept["checkpoint"]
-    assert f"Target gated: candidates tried (budget {budget}% per task)" in result.output
+    assert f"Target gated: candidates tried (budget {budget} pts per task)" in result.output
     # The card of the kept checkpoint records the chain and what "loss" means.
     card = (Path(kept["checkpoint"]) / "README.md").read_text()
     assert (
         "## Build: accuracy gate" in card and "p_quantized(y)" in card and "KL(original || quantized)" in card
     )
     assert f"| 1 | {worse.recipe} | - |" in card and "over budget" in card
+    assert f"| {chain[0]['worst_task']} | {chain[0]['worst_loss']:.3g} pts |" in card
+    assert f"(budget {budget} pts per task)" in card
 
 
 def test_a_4bit_recipe_over_budget_is_promoted_before_the_fallbacks(setup, tmp_path):
@@ -155,7 +157,7 @@ def test_nothing_meets_the_budget_fails_that_target_only(setup, tmp_path):
     assert steps == [(worse.recipe, "over budget"), (better.recipe, "over budget")]
     for step in tight["chain"]:
         assert step["worst_task"] in step["losses"] and step["worst_loss"] > budget and step["size_ratio"]
-        assert f"{step['worst_loss']:.3g}%" in result.output
+        assert f"{step['worst_loss']:.3g} pts" in result.output  # drift losses: percentage points
     # The other target in the same command built.
     assert loose["status"] == "passed" and (Path(loose["checkpoint"]) / "quantkit.json").is_file()
     assert loose["chain"][0]["recipe"] == "fp8" and loose["chain"][0]["cached"] is False

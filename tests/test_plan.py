@@ -289,6 +289,25 @@ def test_a_fixed_block_width_that_does_not_divide_a_layer_is_refused_from_the_co
     assert not (tmp_path / "o.plan.json").exists()
 
 
+def test_an_awq_mapping_wrong_for_the_architecture_is_refused_by_the_plan(zoo_model, tmp_path):
+    """An adapter whose AWQ smoothing steps are anchored to another architecture's tree (Qwen2.5-
+    Omni's ``thinker.model.layers`` on a Qwen3): the plan refuses it from the config (meta model),
+    and so does quantize before any weight is read (the folder holds the config alone)."""
+    bare = config_only(zoo_model, "tiny-qwen3", tmp_path)
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "recipes" / "adapters" / "qwen3.yaml").read_text()
+    head, awq = text.split("awq_mappings:")
+    wrong = tmp_path / "adapter.yaml"
+    wrong.write_text(head + "awq_mappings:" + awq.replace("'re:^model\\.", "'re:^thinker\\.model\\."))
+    assert "thinker" in wrong.read_text() and adapter_for(bare, wrong).smoothquant_mappings
+    with pytest.raises(InputError, match="AWQ pattern .*thinker.* matches no module"):
+        plan(bare, get_recipe("w4a16-awq"), text_samples(2), adapter=wrong)
+    with pytest.raises(InputError, match="AWQ pattern .*thinker.* matches no module"):
+        quantize(bare, tmp_path / "out", get_recipe("w4a16-awq"), text_samples(2), adapter=wrong)
+    assert not (tmp_path / "out").exists()
+    plan(bare, get_recipe("w4a16"), text_samples(2), adapter=wrong)  # GPTQ reads no AWQ mapping
+
+
 def test_the_precision_guard_matches_config_groups_as_compressed_tensors_does(zoo_model):
     """The guard's matcher (patterns compiled once) gives every Linear of a MoE the config group
     compressed-tensors' ``match_name`` gives it: the first name or ``re:`` target in order, then

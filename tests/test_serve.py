@@ -424,6 +424,18 @@ def test_unreadable_answers_are_failures_with_a_message(zoo_model, fake_vllm, be
         assert result.status == "failed" and reason in result.reason, result.reason
 
 
+def test_a_served_failure_reads_as_the_offline_checks():
+    """vLLM's error behind --serve is worded as `verify --vllm` words it: its stage and type, the
+    message on one line (vLLM lists each refused kernel's reason on the next lines), cut at 600."""
+    from quantkit.verify.serve import _served_problem
+
+    problem = {"stage": "load", "error_type": "RuntimeError", "message": "first\n  second\n" + "x" * 700}
+    status, reason = _served_problem(problem, "", None)
+    assert status == "failed"
+    assert reason.startswith("vLLM load failed: RuntimeError: first second xxx") and reason.endswith("x ...")
+    assert len(reason) == len("vLLM load failed: RuntimeError: ") + 600 + len(" ...")  # cut at 600
+
+
 ANSWER = {"token_ids": [7, 4, 3], "prompt_token_ids": [1, 2, 3], "text": "a red sneaker"}
 
 

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from quantkit.cli._common import Force, console
 from quantkit.errors import CheckFailed
-from quantkit.targets.build import LOSS_DEFINITION
+from quantkit.targets.build import LOSS_DEFINITION, budget_text, format_loss
 
 
 def targets() -> None:
@@ -21,7 +21,7 @@ def targets() -> None:
     table.add_column("target", no_wrap=True)
     table.add_column("hardware")
     table.add_column("recipe", no_wrap=True)
-    table.add_column("max loss", no_wrap=True)
+    table.add_column("max loss (pts; % for eval tasks)", no_wrap=True)
     table.add_column("avg bits steps", no_wrap=True)
     table.add_column("fallbacks", min_width=12)  # recipe names whole, one a line
     chosen = load_targets().targets
@@ -30,7 +30,7 @@ def targets() -> None:
             target.name,
             ", ".join(target.hardware),
             target.recipe,
-            f"{target.max_loss}%",
+            f"{target.max_loss}",
             ", ".join(f"{b:g}" for b in target.avg_bits) or "-",
             "\n".join(f.recipe for f in target.fallbacks),
         )
@@ -64,8 +64,9 @@ def build(
         float | None,
         typer.Option(
             "--max-loss",
-            help="The most any task may lose, percentage points (default: each target's max_loss in "
-            "targets.yaml). Loss: " + LOSS_DEFINITION,
+            help="The most any task may lose (default: each target's max_loss in targets.yaml): "
+            "percentage points of answer-token accuracy for the drift loss, percent of the original's "
+            "score (100% - recovery) for --eval-tasks. Loss: " + LOSS_DEFINITION,
         ),
     ] = None,
     eval_tasks: Annotated[
@@ -121,7 +122,7 @@ def build(
             console.print(f"  [red]{reason}[/]")
 
     def show_target(built) -> None:
-        if not built.ok or len(built.chain) > 1:
+        if not built.ok or len(built.chain) > 1 or any(s.size_unknown for s in built.chain):
             print_chain(built)
 
     report = build_checkpoints(
@@ -173,11 +174,11 @@ def print_build_summary(report) -> None:
         colour = "green" if t.ok else "red"
         targets.add_row(
             t.name,
-            f"{t.max_loss}%",
+            budget_text(t),
             f"[{colour}]{t.status}[/]",
             (kept.recipe + ("" if kept.avg_bits is None else f" @{kept.avg_bits:g}")) if kept else "-",
             (kept.worst_task or "-") if kept else "-",
-            _loss(kept.worst_loss) if kept else "-",
+            format_loss(kept.worst_loss, kept.worst_task) if kept else "-",
             str(len(t.chain)),
         )
     console.print(targets)
@@ -188,16 +189,14 @@ def print_build_summary(report) -> None:
                 f"[yellow]{t.name}: {len(missing)} task(s) of the calibration set not measured "
                 f"(no held-out sample): {', '.join(missing)}[/]"
             )
+    for warning in report.warnings:
+        console.print(f"[yellow]warning: {warning}[/]")
     console.print(f"build.json in {report.output_root}")
-
-
-def _loss(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3g}%"
 
 
 def print_chain(built) -> None:
     """Every candidate a target tried: recipe, avg bits, size, worst task and its loss, verdict."""
-    title = f"Target {built.name}: candidates tried (budget {built.max_loss}% per task)"
+    title = f"Target {built.name}: candidates tried (budget {budget_text(built)} per task)"
     table = Table(title=title)
     for header in ("#", "recipe", "avg bits", "size", "worst task", "loss", "verdict", "cached", "why tried"):
         table.add_column(header, no_wrap=header not in ("why tried",))
@@ -209,18 +208,20 @@ def print_chain(built) -> None:
             "-" if step.avg_bits is None else f"{step.avg_bits:g}",
             f"{step.size_ratio:.3f}x" if step.size_ratio else "-",
             step.worst_task or "-",
-            _loss(step.worst_loss),
+            format_loss(step.worst_loss, step.worst_task),
             f"[{colour}]{step.verdict}[/]",
             "yes" if step.cached else "no",
             step.why,
         )
     console.print(table)
     for step in built.chain:
-        if step.detail:
-            console.print(
-                f"  {step.recipe}{'' if step.avg_bits is None else f' @{step.avg_bits:g}'}: {step.detail}"
-            )
+        name = f"{step.recipe}{'' if step.avg_bits is None else f' @{step.avg_bits:g}'}"
+        for line in (step.size_unknown, step.detail):
+            if line:
+                console.print(f"  {name}: {line}")
     for note in built.notes:
         console.print(f"  {note}")
-    if not built.ok:
-        console.print(f"[red]target {built.name}: no candidate meets {built.max_loss}% on every task[/]")
+    if built.error:
+        console.print(f"[red]target {built.name} failed: {built.error}[/]")
+    elif not built.ok:
+        console.print(f"[red]target {built.name}: no candidate meets {budget_text(built)} on every task[/]")

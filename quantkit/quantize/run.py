@@ -434,6 +434,8 @@ def plan(
     kinds = reduced[1] if reduced else None
     unfuse_experts_on_meta(model)
     kept_targets = resolve_targets(model, adapter)
+    if recipe.method == "awq":  # a wrong mapping is bad input before any weight is read
+        check_awq_mappings(model, adapter)
     check_group_size_fits(model, kept_targets, recipe, refuse=strict_group_size)
     check_fixed_widths_fit(model, kept_targets, recipe)
     targets = expand_targets(kept_targets, kinds) if kinds else kept_targets

@@ -28,8 +28,9 @@ class When(BaseModel):
 
     task_loss_above: StrictFloat | Literal["max_loss"] | None = Field(
         None,
-        description="tried when the target's recipe failed: a task lost more than this percent "
-        "(max_loss: the build's budget), or it failed its checks",
+        description="tried when the target's recipe failed: a task lost more than this "
+        "(pts of drift loss, % of an eval task's score; max_loss: the build's budget), or it "
+        "failed its checks",
     )
     no_calibration_data: StrictBool = Field(False, description="tried when the build has no --calib")
     on_request: StrictBool = Field(
@@ -44,7 +45,10 @@ class When(BaseModel):
                 "when: give task_loss_above and/or no_calibration_data: true, or on_request: true alone"
             )
         if isinstance(self.task_loss_above, float) and not 0 <= self.task_loss_above <= 100:
-            raise ValueError(f"when.task_loss_above {self.task_loss_above}: a percent in [0, 100]")
+            raise ValueError(
+                f"when.task_loss_above {self.task_loss_above}: a loss in [0, 100] "
+                "(pts of drift loss, % of an eval task's score)"
+            )
         return self
 
     def describe(self) -> str:
@@ -52,7 +56,11 @@ class When(BaseModel):
             return "on request only"
         parts = []
         if self.task_loss_above is not None:
-            limit = "the budget" if self.task_loss_above == "max_loss" else f"{self.task_loss_above}%"
+            limit = (
+                "the budget"
+                if self.task_loss_above == "max_loss"
+                else f"{self.task_loss_above} pts (% for an eval task)"
+            )
             parts.append(f"a task loses more than {limit}")
         if self.no_calibration_data:
             parts.append("no calibration data")
@@ -85,7 +93,11 @@ class Target(BaseModel):
     recipe: str
     why: str
     max_loss: StrictFloat = Field(
-        DEFAULT_MAX_LOSS, ge=0, le=100, description="the most a task may lose, percentage points (`build --max-loss`)"
+        DEFAULT_MAX_LOSS,
+        ge=0,
+        le=100,
+        description="the most a task may lose: percentage points of drift loss, percent of an eval "
+        "task's score (`build --max-loss`)",
     )
     avg_bits: list[StrictFloat] = Field(
         [],

@@ -41,10 +41,13 @@ ORDER_RULE = (
     "the target's recipe is tried first; when it misses the budget or fails its checks, the "
     "further candidates whose condition holds (its avg_bits steps, its fallbacks' `when`) are "
     "tried smallest first by the checkpoint size quantize's plan predicts from the config (equal "
-    "sizes in the file's order), so the first that passes every task is the smallest that passes "
-    "and the larger ones are not built"
+    "sizes in the file's order; one whose size the plan refuses to predict, e.g. a block width "
+    "a layer does not divide, last, its record saying why), so the first that passes every task "
+    "is the smallest that passes and the larger ones are not built"
 )
 LOSS_VERSION = "answer-accuracy-points-2"
+FIRST = "the target's recipe"  # why the first candidate is tried
+EVAL_PREFIX = "eval "  # an --eval-tasks loss's key: "eval TASK" (drift losses are keyed by the task)
 _CARD_START, _CARD_END = "<!-- quantkit:build:start -->", "<!-- quantkit:build:end -->"
 
 
@@ -63,7 +66,7 @@ class CheckpointBuild:
     size_ratio: float | None = None
     drift: dict | None = None  # overall KL / top-1 of the checkpoint
     avg_bits: float | None = None
-    losses: dict[str, float] | None = None  # drift loss per task, percent (LOSS_DEFINITION)
+    losses: dict[str, float] | None = None  # drift loss per task, pts (LOSS_DEFINITION)
     kl_losses: dict[str, float] | None = None  # KL / entropy per task, percent (not gated on)
     text_scope_samples: list[str] | None = None  # held-out samples without answer tokens (text positions)
     eval_scores: dict | None = None  # {"items": n, "scores": {task: score}} with --eval-tasks
@@ -92,6 +95,7 @@ class ChainStep:
     detail: str = ""
     unmeasured: list[str] = field(default_factory=list)  # held-out tasks without a loss
     predicted_bytes: int | None = None  # the plan's size, by which the further candidates are ordered
+    size_unknown: str | None = None  # why the plan cannot predict its size (it was ordered last)
 
 
 @dataclass
@@ -102,6 +106,8 @@ class TargetBuild:
     checkpoint: str | None = None  # the kept candidate
     chain: list[ChainStep] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    error: str | None = None  # what failed the whole target, not one candidate (scoring the original)
+    traceback: str | None = None  # that error's, when a library raised it (build.json only)
 
     @property
     def ok(self) -> bool:
@@ -119,14 +125,16 @@ class BuildReport:
     eval_original: dict[str, float] | None = None  # the original's skills scores, per task
     requested: list[str] = field(default_factory=list)  # the targets asked for
     model_hash: str | None = None  # model_fingerprint: what "the same model" means across runs
+    warnings: list[str] = field(default_factory=list)  # what the build could not do (a card not rewritten)
 
     @property
     def complete(self) -> bool:
-        """Every requested target was built (build.json is saved while a build runs)."""
+        """This run built every target it was asked for (build.json is saved while a build runs)."""
         return {t.name for t in self.targets} >= set(self.requested)
 
     @property
     def passed(self) -> bool:
+        """This run's targets all passed (the exit code); build.json's ``passed`` is the file's."""
         return self.complete and all(t.ok for t in self.targets)
 
     def to_dict(self) -> dict:
@@ -143,6 +151,7 @@ class BuildReport:
             "order": ORDER_RULE,
             "eval_tasks": self.eval_tasks,
             "eval_original": self.eval_original,
+            "warnings": self.warnings,
             "targets": [asdict(t) for t in self.targets],
             "checkpoints": [asdict(c) for c in self.checkpoints],
         }
@@ -278,9 +287,15 @@ def _write_build_file(
 ) -> None:
     """build.json: ``targets`` (this run's and the earlier ones it did not build again), this
     run's candidates, and earlier candidates this run did not touch; each candidate says which
-    targets keep it (kept_for)."""
+    targets keep it (kept_for). ``passed`` / ``complete`` are of every target record in the file,
+    ``this_run`` of this run's targets."""
     data = report.to_dict()
     data["targets"] = [asdict(t) for t in targets]
+    # The file's verdict is over every target record in it, earlier runs' included (a stale one is
+    # not a current judgement); this run's alone is this_run (the command's exit code).
+    data["complete"] = report.complete and not any(t.status == "stale" for t in targets)
+    data["passed"] = data["complete"] and all(t.ok for t in targets)
+    data["this_run"] = {"targets": report.requested, "passed": report.passed, "complete": report.complete}
     touched = {c.checkpoint for c in report.checkpoints}
     data["earlier"] = [dict(entry) for name, entry in sorted(previous.items()) if name not in touched]
     for entry in [*data["checkpoints"], *data["earlier"]]:
@@ -314,7 +329,7 @@ def _card_section(checkpoint: str, targets: list[TargetBuild]) -> str:
     ]
     for target in kept:
         lines += [
-            f"Target `{target.name}` (budget {target.max_loss}% per task), candidates in the order tried:",
+            f"Target `{target.name}` (budget {budget_text(target)} per task), candidates in the order tried:",
             "",
             "| # | recipe | avg bits | size | worst task | loss | its KL / entropy | verdict | tried because |",
             "|---|---|---|---|---|---|---|---|---|",
@@ -322,8 +337,8 @@ def _card_section(checkpoint: str, targets: list[TargetBuild]) -> str:
         for index, step in enumerate(target.chain, 1):
             lines.append(
                 f"| {index} | {step.recipe} | {_fmt_bits(step.avg_bits)} | {_fmt_size(step.size_ratio)} | "
-                f"{step.worst_task or '-'} | {_fmt_loss(step.worst_loss)} | "
-                f"{_fmt_loss(step.kl_losses.get(step.worst_task or ''))} | {step.verdict} | {step.why} |"
+                f"{step.worst_task or '-'} | {format_loss(step.worst_loss, step.worst_task)} | "
+                f"{_fmt_percent(step.kl_losses.get(step.worst_task or ''))} | {step.verdict} | {step.why} |"
             )
         lines.append("")
         if target.chain[-1].unmeasured:
@@ -341,7 +356,7 @@ def _card_section(checkpoint: str, targets: list[TargetBuild]) -> str:
                 ]
             elif step.checkpoint == checkpoint and step.verdict != "kept":
                 lines += [
-                    f"Not kept for target `{target.name}` (budget {target.max_loss}%): {step.detail}.",
+                    f"Not kept for target `{target.name}` (budget {budget_text(target)}): {step.detail}.",
                     "",
                 ]
     lines += ["The whole chain is in the build folder's `build.json`.", _CARD_END, ""]
@@ -362,8 +377,28 @@ def _fmt_size(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.3f}x"
 
 
-def _fmt_loss(loss: float | None) -> str:
-    return "-" if loss is None else f"{loss:.3g}%"
+def _fmt_percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}%"
+
+
+def loss_unit(task: str | None) -> str:
+    """A task's loss unit: percentage points of answer-token accuracy for drift (LOSS_DEFINITION),
+    percent of the original's score (100% - recovery) for an --eval-tasks task."""
+    return "%" if task and task.startswith(EVAL_PREFIX) else " pts"
+
+
+def format_loss(loss: float | None, task: str | None) -> str:
+    """``0.094 pts`` (a drift loss) or ``3.1%`` (an --eval-tasks loss)."""
+    return "-" if loss is None else f"{loss:.3g}{loss_unit(task)}"
+
+
+def budget_text(target: TargetBuild) -> str:
+    """The target's max_loss with its unit: points, and percent too where --eval-tasks losses
+    were judged against it."""
+    scored = any(task.startswith(EVAL_PREFIX) for step in target.chain for task in step.losses)
+    if scored:
+        return f"{target.max_loss} (pts of drift loss, % of an eval task's score)"
+    return f"{target.max_loss} pts"
 
 
 def resolve_eval_tasks(model_dir: Path, eval_tasks: list[str] | None) -> list[str]:
@@ -403,7 +438,10 @@ def _judge(
         step.detail = "; ".join(entry.reasons)
     elif step.worst_loss is not None and step.worst_loss > max_loss + 1e-9:
         step.verdict = "over budget"
-        step.detail = f"{step.worst_task} lost {step.worst_loss:.3g}% > {max_loss}%"
+        unit = loss_unit(step.worst_task)
+        step.detail = (
+            f"{step.worst_task} lost {format_loss(step.worst_loss, step.worst_task)} > {max_loss}{unit}"
+        )
     elif not losses:
         step.detail = "loss not measured (no --calib and no --eval-tasks)"
     if entry.text_scope_samples:
@@ -415,17 +453,29 @@ def _judge(
     return step
 
 
-def _reraise_resource_errors(error: Exception) -> None:
-    """Out of memory or of stack is the machine's state, not the candidate's: raised, never recorded
-    as a failed candidate (the next candidate would only fail the same way, or be judged on it)."""
+def _library_failure(error: Exception) -> tuple[str, str]:
+    """A library's error (not a QuantkitError) that fails one piece of the build, the others going
+    on: its ``type: message`` and traceback (for build.json; call it inside the ``except``). Out of
+    memory or of stack is the machine's state, not the candidate's: raised, never recorded (the
+    next candidate would only fail the same way, or be judged on it)."""
     import torch
 
     if isinstance(error, (MemoryError, RecursionError, torch.OutOfMemoryError)):
         raise error
+    return f"{type(error).__name__}: {error}", traceback.format_exc()
+
+
+class _TargetFailed(Exception):
+    """What fails a whole target, not one candidate (the original model could not be scored)."""
+
+    def __init__(self, reason: str, trace: str | None) -> None:
+        super().__init__(reason)
+        self.reason, self.trace = reason, trace
 
 
 def _should_try(last: ChainStep | None, limit: float) -> bool:
-    """The candidate before failed: its checks, or a task lost more than ``limit`` percent."""
+    """The candidate before failed: its checks, or a task lost more than ``limit``
+    (pts of drift loss, % of an eval task's score)."""
     if last is None:
         return False
     if last.verdict in ("failed", "error"):
@@ -451,7 +501,12 @@ def _further_candidates(target, *, calib: Path | None, max_loss: float, first: C
             limit = max_loss if when.task_loss_above == "max_loss" else float(when.task_loss_above)
             if _should_try(first, limit):
                 found.append(
-                    (fallback.recipe, None, f"the target's recipe failed or lost more than {limit:g}%")
+                    (
+                        fallback.recipe,
+                        None,
+                        f"the target's recipe failed or lost more than {limit:g}"
+                        f"{loss_unit(first.worst_task if first else None)}",
+                    )
                 )
     return found
 
@@ -492,12 +547,13 @@ def build_checkpoints(
 ) -> BuildReport:
     """Build each target's chain until a candidate meets its accuracy budget (ORDER_RULE).
 
-    ``max_loss`` (percentage points per task) overrides every target's ``max_loss``; the loss is drift on
-    ``drift_samples`` held-out calibration samples (LOSS_DEFINITION) and, with ``eval_tasks``
-    (skills task names of the model's skills.json, or ``skills`` for all), 100% - recovery on
-    ``eval_items`` items per task. A target that fails (bad input, failed proof, failed checks,
-    every candidate over budget) is recorded and the others go on. A candidate whose inputs match
-    the last build and that passed its checks then is reused unless ``force``.
+    ``max_loss`` (per task: percentage points of drift loss, percent for eval tasks) overrides
+    every target's ``max_loss``; the loss is drift on ``drift_samples`` held-out calibration
+    samples (LOSS_DEFINITION) and, with ``eval_tasks`` (skills task names of the model's
+    skills.json, or ``skills`` for all), 100% - recovery on ``eval_items`` items per task. A
+    target that fails (bad input, failed proof, failed checks, every candidate over budget) is
+    recorded and the others go on. A candidate whose inputs match the last build and that passed
+    its checks then is reused unless ``force``.
     ``on_checkpoint`` is called with each (CheckpointBuild, VerifyReport | None) as it finishes,
     ``on_target`` with each TargetBuild.
 
@@ -511,7 +567,9 @@ def build_checkpoints(
     if not target_names:
         raise InputError("no target given", hint="pass --target NAME (see `quantkit targets`)")
     if max_loss is not None and not 0 <= max_loss <= 100:
-        raise InputError(f"--max-loss {max_loss}: a percent in [0, 100]")
+        raise InputError(
+            f"--max-loss {max_loss}: a loss in [0, 100] (points of drift loss, percent of an --eval-tasks score)"
+        )
     model_dir, output_root = Path(model_dir), Path(output_root)
     refuse_overlap(output_root, {"model folder": model_dir, "calibration set": calib}, option="--output-root")
     check_model_folder(model_dir)
@@ -550,7 +608,14 @@ def build_checkpoints(
     targets = run.all_targets()
     for folder in run.candidate_folders():
         if (Path(folder) / "config.json").is_file():
-            _update_card(Path(folder), _card_section(folder, targets))
+            try:
+                _update_card(Path(folder), _card_section(folder, targets))
+            except QuantkitError as error:  # one card not rewritten: said, the others still are
+                run.report.warnings.append(f"{folder}: model card not updated: {error}")
+            except OSError:  # a disk that fails or fills up: exit 1 (quantkit/cli/_common.py)
+                raise
+            except Exception as error:  # a library's error: as in _quantize_and_verify
+                run.report.warnings.append(f"{folder}: model card not updated: {_library_failure(error)[0]}")
     run.save()
     return run.report
 
@@ -576,8 +641,10 @@ class _Run:
     tasks: set[str] | None = None  # of the held-out rows (held_out_tasks)
     set_tasks: set[str] = field(default_factory=set)  # of every row the model can take
     original_scores: dict[str, float] | None = None
+    original_failure: tuple[str, str | None] | None = None  # why the original could not be scored
     built: dict[str, CheckpointBuild] = field(default_factory=dict)
     sizes: dict[tuple[str, float | None], int | None] = field(default_factory=dict)  # predicted_bytes
+    unplanned: dict[tuple[str, float | None], str] = field(default_factory=dict)  # why no size
 
     def __post_init__(self) -> None:
         self.model_hash = model_fingerprint(self.model_dir)
@@ -633,8 +700,8 @@ class _Run:
     def build_target(self, target, max_loss: float) -> TargetBuild:
         """The target's recipe; when it misses, the further candidates smallest first (ORDER_RULE)."""
         result = TargetBuild(target.name, max_loss, "failed")
-        first = self._try(result, target.recipe, None, "the target's recipe", max_loss)
-        if first is not None and first.verdict == "kept":
+        first = self._try(result, target.recipe, None, FIRST, max_loss)
+        if (first is not None and first.verdict == "kept") or result.error:
             return result
         further = _further_candidates(
             target, calib=self.calib, max_loss=max_loss, first=first, notes=result.notes
@@ -644,7 +711,7 @@ class _Run:
         further.sort(key=lambda c: (sizes[c[:2]] is None, sizes[c[:2]] or 0))
         for recipe_name, bits, why in further:
             step = self._try(result, recipe_name, bits, why, max_loss, predicted=sizes[(recipe_name, bits)])
-            if step is not None and step.verdict == "kept":
+            if step is not None and (step.verdict == "kept" or result.error):
                 break
         return result
 
@@ -665,16 +732,25 @@ class _Run:
             return None
         entry, cached = self.candidate(recipe_name, bits, result.name)
         self.held_out_tasks()
-        step = _judge(entry, max_loss, self.eval_losses(entry), self.set_tasks)
+        try:
+            step = _judge(entry, max_loss, self.eval_losses(entry), self.set_tasks)
+        except _TargetFailed as failed:  # no candidate can be judged: the target fails here
+            step = _judge(entry, max_loss, {}, self.set_tasks)
+            step.verdict, step.detail = "error", failed.reason
+            result.error, result.traceback = failed.reason, failed.trace
         step.cached, step.why, step.predicted_bytes = cached, why, predicted
+        if predicted is None and why != FIRST:  # a further candidate the plan could not size
+            step.size_unknown = self.unplanned.get((recipe_name, bits))
         result.chain.append(step)
         if step.verdict == "kept":
             result.status, result.checkpoint = "passed", entry.checkpoint
         return step
 
     def predicted_bytes(self, recipe_name: str, bits: float | None) -> int | None:
-        """The checkpoint size quantize's plan predicts from the config (None: the plan refuses it,
-        e.g. a width its blocks do not divide: the candidate's build will say why)."""
+        """The checkpoint size quantize's plan predicts from the config. None: the plan refuses the
+        recipe for this model (a QuantkitError, e.g. a width its blocks do not divide) or a
+        library's error fails it (out of memory / stack raised): why is in ``unplanned``, the
+        candidate is tried last and its build says why."""
         from quantkit.quantize import plan
         from quantkit.recipes import get_recipe
 
@@ -684,8 +760,15 @@ class _Run:
                     self.model_dir, get_recipe(recipe_name), [], adapter=self.adapter, avg_bits=bits
                 )
                 self.sizes[(recipe_name, bits)] = planned.checkpoint_bytes
-            except Exception:  # noqa: BLE001  (a QuantkitError or a library's: ordered last)
+            except QuantkitError as error:
                 self.sizes[(recipe_name, bits)] = None
+                self.unplanned[(recipe_name, bits)] = (
+                    f"size unknown, tried last: the plan refuses it: {error}"
+                )
+            except Exception as error:  # a library's: quantize hits it too and records the candidate
+                message, _ = _library_failure(error)  # out of memory / stack still raised
+                self.sizes[(recipe_name, bits)] = None
+                self.unplanned[(recipe_name, bits)] = f"size unknown, tried last: the plan failed: {message}"
         return self.sizes[(recipe_name, bits)]
 
     @staticmethod
@@ -835,10 +918,8 @@ class _Run:
             entry.status = "error"
             entry.reasons = [str(error)]
         except Exception as error:  # a library's error: recorded, and the chain goes on
-            _reraise_resource_errors(error)
-            entry.status = "error"
-            entry.reasons = [f"{type(error).__name__}: {error}"]
-            entry.traceback = traceback.format_exc()  # build.json only, not the screen
+            message, entry.traceback = _library_failure(error)  # the traceback: build.json only
+            entry.status, entry.reasons = "error", [message]
         entry.seconds = round(time.perf_counter() - started, 1)
         return verified
 
@@ -857,10 +938,8 @@ class _Run:
                 entry.status, entry.reasons = "error", [*entry.reasons, f"eval: {error}"]
                 return
             except Exception as error:  # a library's error: as in _quantize_and_verify
-                _reraise_resource_errors(error)
-                entry.status = "error"
-                entry.reasons = [*entry.reasons, f"eval: {type(error).__name__}: {error}"]
-                entry.traceback = traceback.format_exc()
+                message, entry.traceback = _library_failure(error)
+                entry.status, entry.reasons = "error", [*entry.reasons, f"eval: {message}"]
                 return
             scores.update({t.task: t.score for t in scored.tasks})
         entry.eval_scores = {"items": self.eval_items, "scores": scores}
@@ -869,15 +948,23 @@ class _Run:
         """100% - recovery per asked skills task (tasks the original scores 0 on are not judged)."""
         if not self.eval_names or not entry.eval_scores:
             return {}
-        if self.original_scores is None:
+        if self.original_scores is None and self.original_failure is None:
             from quantkit.eval.skills import score_model
 
-            scored = score_model(self.model_dir, self.eval_names, items=self.eval_items)
-            self.original_scores = {t.task: t.score for t in scored.tasks}
-            self.report.eval_original = self.original_scores
+            try:
+                scored = score_model(self.model_dir, self.eval_names, items=self.eval_items)
+                self.original_scores = {t.task: t.score for t in scored.tasks}
+                self.report.eval_original = self.original_scores
+            except QuantkitError as error:
+                self.original_failure = (f"scoring the original model: {error}", None)
+            except Exception as error:  # a library's error: as in _quantize_and_verify
+                message, trace = _library_failure(error)
+                self.original_failure = (f"scoring the original model: {message}", trace)
+        if self.original_failure is not None:  # every target it gates fails; the others go on
+            raise _TargetFailed(*self.original_failure)
         scores = entry.eval_scores["scores"]
         return {
-            f"eval {task}": round(100.0 - 100.0 * scores[task] / base, 4) + 0.0  # -0.0 reads 0.0
+            f"{EVAL_PREFIX}{task}": round(100.0 - 100.0 * scores[task] / base, 4) + 0.0  # -0.0 reads 0.0
             for task, base in self.original_scores.items()
             if base > 0 and task in scores
         }

@@ -37,6 +37,7 @@ from quantkit.verify.vllm_check import (
     REPO_VENV,
     WORKER,
     classify_failure,
+    failed_reason,
     missing_kernel,
     shipped_schemes,
     vllm_python,
@@ -370,12 +371,6 @@ def _kernel_line(server_log: str, schemes: list[str] | None) -> str | None:
     return _VLLM_PREFIX.sub("", kernel.strip()) if kernel else None
 
 
-def _failed_reason(problem: dict) -> str:
-    flat = " ".join(line.strip() for line in str(problem.get("message")).splitlines() if line.strip())
-    more = " ..." if len(flat) > 600 else ""
-    return f"vLLM {problem.get('stage')} failed: {problem.get('error_type')}: {flat[:600]}{more}"
-
-
 def _served_problem(served: dict, server_log: str, schemes: list[str] | None) -> tuple[str, str]:
     """('skipped', vLLM's kernel line) when the server stopped by itself or answered a request
     with HTTP 500 and its log has a known "no kernel here" line; else ('failed', the problem). A
@@ -388,7 +383,7 @@ def _served_problem(served: dict, server_log: str, schemes: list[str] | None) ->
         kernel = _kernel_line(server_log, schemes)
         if kernel:
             return classify_failure({**problem, "message": kernel}, schemes)
-    return "failed", _failed_reason(problem)
+    return "failed", failed_reason(problem)
 
 
 def compare(served: dict, offline: dict) -> list[ServedAnswer]:

@@ -128,16 +128,25 @@ def missing_kernel(message: str, schemes: list[str] | None) -> KernelMessage | N
     return None
 
 
+def _error_detail(answer: dict) -> str:
+    """``type: message`` on one line (vLLM lists the reason of each refused kernel on the lines
+    after the first), cut at 600 characters."""
+    flat = " ".join(line.strip() for line in str(answer.get("message")).splitlines() if line.strip())
+    return f"{answer.get('error_type')}: {flat[:600]}{' ...' if len(flat) > 600 else ''}"
+
+
+def failed_reason(answer: dict) -> str:
+    """An error of vLLM's that is not a missing kernel: its stage, type and message, one line."""
+    return f"vLLM {answer.get('stage')} failed: {_error_detail(answer)}"
+
+
 def classify_failure(answer: dict, schemes: list[str] | None) -> tuple[str, str]:
     """('skipped', why) when the error is a known "no kernel on this backend" message (for a
     scheme vLLM serves elsewhere); else ('failed', why). ``schemes``: shipped_schemes(config)."""
-    message = str(answer.get("message"))
-    # One line: vLLM lists the reason of each refused kernel on the lines after the first.
-    flat = " ".join(line.strip() for line in message.splitlines() if line.strip())
-    detail = f"{answer.get('error_type')}: {flat[:600]}{' ...' if len(flat) > 600 else ''}"
-    known = missing_kernel(message, schemes)
+    known = missing_kernel(str(answer.get("message")), schemes)
     if known is None:
-        return "failed", f"vLLM {answer.get('stage')} failed: {detail}"
+        return "failed", failed_reason(answer)
+    detail = _error_detail(answer)
     scheme = "/".join(sorted(set(schemes))) if schemes else "this scheme"
     return (
         "skipped",
