@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from quantkit.calibset import CalibrateOptions, build_calibration_set
 from quantkit.cli import app
 from quantkit.targets import build_checkpoints, load_targets
+from quantkit.verify.drift import CANDIDATES_PER_TASK
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()
@@ -45,6 +46,19 @@ def targets_file(folder: Path, *targets: dict) -> Path:
     path.write_text(yaml.safe_dump({"version": 1, "targets": list(targets)}, sort_keys=False))
     load_targets(path)  # the file the tests write is valid
     return path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def judge_every_task():
+    """The zoo's random-weight model answers no held-out row (its expected answer-token accuracy
+    is about 1 / its vocabulary), so under drift.ACCURACY_FLOOR no task would be judged: these
+    tests of the gate's mechanics judge every task (floor 0); the floor rule is tested with a
+    floor between the rows' measured accuracies."""
+    from quantkit.verify import drift
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(drift, "ACCURACY_FLOOR", 0.0)
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -399,3 +413,59 @@ def test_build_json_and_cards_merge_by_target_and_stay_honest(setup, tmp_path):
     card = (Path(worse.checkpoint) / "README.md").read_text()
     assert "Target `moving`" not in card and "Target `twin-1`" in card
     assert "Target `moving`" in (Path(better.checkpoint) / "README.md").read_text()
+
+
+def test_every_candidate_is_judged_on_the_rows_the_original_answers_best(setup):
+    """build.json records the held-out rows, chosen once per build: of each task's ranked
+    candidates the one the original answers best; every candidate's drift ran on exactly them."""
+    build = json.loads((setup["out"] / "build.json").read_text())
+    held_out = build["held_out"]
+    ids = [row["id"] for row in held_out["rows"]]
+    assert len(ids) == len(set(ids)) and {row["task"] for row in held_out["rows"]} == set(
+        setup["worse"].losses
+    )
+    w4a16 = setup["out"] / f"{setup['model'].name}-w4a16" / "quantkit.json"  # the one that calibrated
+    used = set(json.loads(w4a16.read_text())["calibration"]["sample_ids"])
+    rows = [json.loads(line) for line in (setup["calib"] / "samples.jsonl").read_text().splitlines()]
+    for row in held_out["rows"]:
+        left = [r["id"] for r in rows if r["task"] == row["task"] and r["id"] not in used]
+        assert set(row["candidates"]) <= set(left) and 1 <= len(row["candidates"]) <= CANDIDATES_PER_TASK
+        assert row["original_accuracy"] == max(row["candidates"].values()) and row["judged"]
+    assert any(len(row["candidates"]) > 1 for row in held_out["rows"])  # a choice was made
+    for measured in (setup["worse"], setup["better"]):
+        samples = json.loads((Path(measured.checkpoint) / "verify.json").read_text())["drift"]["samples"]
+        assert [s["id"] for s in samples] == ids
+        accuracy = {row["id"]: row["original_accuracy"] for row in held_out["rows"]}
+        assert all(
+            s["original_accuracy"] == pytest.approx(accuracy[s["id"]], rel=1e-3, abs=1e-9) for s in samples
+        )
+
+
+def test_a_task_the_original_answers_under_the_floor_is_not_judged(setup, tmp_path, monkeypatch):
+    """With the floor just above the accuracy of the worst task's row, that task's loss is shown
+    but does not gate: a budget under its loss and over the judged tasks' keeps the candidate,
+    which judged on every task is over budget."""
+    from quantkit.verify import drift
+
+    worse = setup["worse"]
+    best = {
+        row["task"]: row["original_accuracy"]
+        for row in json.loads((setup["out"] / "build.json").read_text())["held_out"]["rows"]
+    }
+    floor = best[worse.worst_task] * (1 + 1e-6) + 1e-12
+    judged = {task for task, accuracy in best.items() if accuracy >= floor}
+    budget = max([worse.losses[task] for task in judged] + [0.0])
+    assert budget < worse.worst_loss
+    file = targets_file(tmp_path, target("floored", worse.recipe))
+    common = {"calib": setup["calib"], "targets_file": file, "max_loss": budget, **OPTIONS}
+    every = build_checkpoints(setup["model"], setup["out"], ["floored"], **common)
+    assert [(s.verdict, s.cached) for s in every.targets[0].chain] == [("over budget", True)]
+    monkeypatch.setattr(drift, "ACCURACY_FLOOR", floor)
+    report = build_checkpoints(setup["model"], setup["out"], ["floored"], **common)
+    (step,) = report.targets[0].chain
+    assert step.verdict == "kept" and step.cached and step.worst_task != worse.worst_task
+    assert step.losses[worse.worst_task] == worse.worst_loss  # shown
+    assert "not judged" in step.detail and worse.worst_task in step.detail
+    held_out = json.loads((setup["out"] / "build.json").read_text())["held_out"]
+    assert worse.worst_task in held_out["not_judged"] and held_out["floor"] == floor
+    assert {row["task"] for row in held_out["rows"] if not row["judged"]} == set(best) - judged

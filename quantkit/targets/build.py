@@ -45,7 +45,7 @@ ORDER_RULE = (
     "a layer does not divide, last, its record saying why), so the first that passes every task "
     "is the smallest that passes and the larger ones are not built"
 )
-LOSS_VERSION = "answer-accuracy-points-2"
+LOSS_VERSION = "answer-accuracy-points-3"  # -3: on the rows the original answers best
 FIRST = "the target's recipe"  # why the first candidate is tried
 EVAL_PREFIX = "eval "  # an --eval-tasks loss's key: "eval TASK" (drift losses are keyed by the task)
 _CARD_START, _CARD_END = "<!-- quantkit:build:start -->", "<!-- quantkit:build:end -->"
@@ -126,6 +126,7 @@ class BuildReport:
     requested: list[str] = field(default_factory=list)  # the targets asked for
     model_hash: str | None = None  # model_fingerprint: what "the same model" means across runs
     warnings: list[str] = field(default_factory=list)  # what the build could not do (a card not rewritten)
+    held_out: dict | None = None  # drift.HeldOutChoice.to_dict(): the rows every candidate is judged on
 
     @property
     def complete(self) -> bool:
@@ -152,6 +153,7 @@ class BuildReport:
             "eval_tasks": self.eval_tasks,
             "eval_original": self.eval_original,
             "warnings": self.warnings,
+            "held_out": self.held_out,
             "targets": [asdict(t) for t in self.targets],
             "checkpoints": [asdict(c) for c in self.checkpoints],
         }
@@ -420,19 +422,25 @@ def resolve_eval_tasks(model_dir: Path, eval_tasks: list[str] | None) -> list[st
 
 
 def _judge(
-    entry: CheckpointBuild, max_loss: float, eval_losses: dict[str, float], tasks: set[str]
+    entry: CheckpointBuild,
+    max_loss: float,
+    eval_losses: dict[str, float],
+    tasks: set[str],
+    ungated: set[str] = frozenset(),
 ) -> ChainStep:
     """``tasks``: the calibration set's, each of which should have a drift loss (one without: a
-    task whose every row calibrated the candidate)."""
+    task whose every row calibrated the candidate); ``ungated``: drift tasks not judged (the
+    original answers their held-out rows under the floor), their losses shown only."""
     losses = {**(entry.losses or {}), **eval_losses}
     step = ChainStep(entry.recipe, entry.avg_bits, entry.checkpoint, "kept", False, entry.size_ratio)
     step.losses = losses
     step.kl_losses = dict(entry.kl_losses or {})
     if entry.ok and entry.losses is not None:
         step.unmeasured = sorted(tasks - set(entry.losses))
-    if losses:
-        step.worst_task = max(losses, key=losses.__getitem__)
-        step.worst_loss = losses[step.worst_task]
+    gated = {task: loss for task, loss in losses.items() if task not in ungated}
+    if gated:
+        step.worst_task = max(gated, key=gated.__getitem__)
+        step.worst_loss = gated[step.worst_task]
     if not entry.ok:
         step.verdict = entry.status if entry.status == "error" else "failed"
         step.detail = "; ".join(entry.reasons)
@@ -444,6 +452,10 @@ def _judge(
         )
     elif not losses:
         step.detail = "loss not measured (no --calib and no --eval-tasks)"
+    if ungated & set(losses):
+        shown = ", ".join(sorted(ungated & set(losses)))
+        note = f"not judged (the original answers their held-out rows under the floor): {shown}"
+        step.detail = f"{step.detail}; {note}" if step.detail else note
     if entry.text_scope_samples:
         note = (
             f"{len(entry.text_scope_samples)} held-out sample(s) without answer tokens counted their "
@@ -639,6 +651,7 @@ class _Run:
     report: BuildReport = None
     drawn: object = None
     tasks: set[str] | None = None  # of the held-out rows (held_out_tasks)
+    held_out: object = None  # drift.HeldOutChoice (held_out_tasks): the rows every candidate is judged on
     set_tasks: set[str] = field(default_factory=set)  # of every row the model can take
     original_scores: dict[str, float] | None = None
     original_failure: tuple[str, str | None] | None = None  # why the original could not be scored
@@ -732,10 +745,11 @@ class _Run:
             return None
         entry, cached = self.candidate(recipe_name, bits, result.name)
         self.held_out_tasks()
+        ungated = self.held_out.not_judged if self.held_out is not None else set()
         try:
-            step = _judge(entry, max_loss, self.eval_losses(entry), self.set_tasks)
+            step = _judge(entry, max_loss, self.eval_losses(entry), self.set_tasks, ungated)
         except _TargetFailed as failed:  # no candidate can be judged: the target fails here
-            step = _judge(entry, max_loss, {}, self.set_tasks)
+            step = _judge(entry, max_loss, {}, self.set_tasks, ungated)
             step.verdict, step.detail = "error", failed.reason
             result.error, result.traceback = failed.reason, failed.trace
         step.cached, step.why, step.predicted_bytes = cached, why, predicted
@@ -850,7 +864,7 @@ class _Run:
             return set()
         if self.tasks is None:
             from quantkit.models.inputs import processor_capabilities
-            from quantkit.verify.drift import held_out_rows
+            from quantkit.verify.drift import choose_held_out_rows, held_out_rows
 
             kinds = processor_capabilities(self.adapter.load_processor(self.model_dir))
             every = held_out_rows(self.calib, exclude_ids=set(), count=sys.maxsize, seed=0, kinds=kinds)
@@ -863,6 +877,14 @@ class _Run:
                 kinds=kinds,
             )
             self.tasks = {row["task"] for row in rows}
+            # Every candidate is judged on the same rows: those the original answers best.
+            self.held_out = choose_held_out_rows(
+                self.model_dir,
+                self.calib,
+                exclude_ids=set(self._samples().info["sample_ids"]),
+                count=max(self.drift_samples, len(self.tasks)),
+            )
+            self.report.held_out = self.held_out.to_dict()
         return self.tasks
 
     def _quantize_and_verify(self, entry: CheckpointBuild, recipe, checkpoint: Path, avg_bits: float | None):
@@ -897,6 +919,7 @@ class _Run:
                 num_samples=max(self.drift_samples, len(self.held_out_tasks())),
                 exclude_ids=set(self._samples().info["sample_ids"]) if self.calib is not None else None,
                 drift_stratify_by="task",
+                drift_held_out=self.held_out,
             )
             entry.status = "passed" if verified.passed else "failed"
             entry.size_ratio = round(verified.audit.size_ratio, 4)

@@ -88,6 +88,7 @@ def verify_checkpoint(
     report_path: Path | None = None,
     exclude_ids: set[str] | None = None,
     drift_stratify_by: str = "stratum",
+    drift_held_out=None,
     serve: bool = False,
     serve_port: int | None = None,
 ) -> VerifyReport:
@@ -98,7 +99,8 @@ def verify_checkpoint(
     be written (a read-only folder) the result is kept and ``not_saved`` says why.
     ``exclude_ids``: sample ids drift must not use (default: those the checkpoint calibrated on);
     ``drift_stratify_by``: the row field whose proportions the drift samples keep (``task``: every
-    task measured while ``num_samples`` allows, as the build's accuracy gate needs).
+    task measured while ``num_samples`` allows, as the build's accuracy gate needs);
+    ``drift_held_out``: a ``drift.HeldOutChoice``, the rows drift measures instead (the build's).
     ``serve``: vLLM's OpenAI-compatible server answers one request per modality through the
     ``openai`` client, checked against vLLM's offline engine (quantkit.verify.serve), on
     ``serve_port`` (default: a free one); the result also goes into the card (README.md).
@@ -149,6 +151,7 @@ def verify_checkpoint(
             thresholds=limits,
             exclude_ids=exclude_ids,
             stratify_by=drift_stratify_by,
+            held_out=drift_held_out,
         )
     if vllm:
         report.vllm = check_with_vllm(checkpoint)

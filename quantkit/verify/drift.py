@@ -8,11 +8,16 @@ probability each model gives the reference next token (teacher-forced: the answe
 over the positions that predict the answer's tokens (the last assistant turn, what a task's
 accuracy is scored on; ANSWER_SCOPE), `quantkit build`'s per-task loss, and the KL and the
 original's entropy there.
+
+The build judges every candidate on the same rows, chosen once (``choose_held_out_rows``): of a
+few held-out candidates per task, those the original answers best (its expected answer-token
+accuracy); a task whose best row the original answers under ACCURACY_FLOOR shows its loss, ungated.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,6 +41,12 @@ MIN_GROUP_POSITIONS = 256
 # position whose next token is text (not an image / video / audio placeholder).
 ANSWER_SCOPE = "answer"
 TEXT_SCOPE = "text (no answer tokens)"
+# choose_held_out_rows: how many held-out rows of a task are ranked (drawn keeping the task's
+# strata), and the original's expected answer-token accuracy under which a task's loss is shown
+# but not judged (a task the original cannot answer has nothing to lose; `quantkit eval` does not
+# judge recovery on a task the original scores 0 on either).
+CANDIDATES_PER_TASK = 4
+ACCURACY_FLOOR = 0.2
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,7 @@ class SampleDrift:
     loss_entropy: float = 0.0
     loss_p_original: float = 0.0
     loss_p_quantized: float = 0.0
+    original_accuracy: float = 0.0  # loss_p_original / loss_positions: the original's expected accuracy
 
 
 @dataclass
@@ -105,6 +117,7 @@ class DriftReport:
     thresholds: DriftThresholds | None = None
     breaches: list[str] = field(default_factory=list)
     not_judged: list[str] = field(default_factory=list)  # groups under thresholds.min_positions
+    held_out: dict | None = None  # HeldOutChoice.to_dict() when the rows were chosen by it
 
     @property
     def passed(self) -> bool:
@@ -159,9 +172,8 @@ def _compare_logits(
     picked = max(int(mask.sum()), 1)
     p_original = p_quantized = 0.0
     if next_ids is not None:
-        index = next_ids.to(kl.device)[mask].unsqueeze(-1)
-        p_original = float(ref_logp[mask].gather(-1, index).exp().sum())
-        p_quantized = float(q_logp[mask].gather(-1, index).exp().sum())
+        p_original = _reference_probability(ref_logp, mask, next_ids)
+        p_quantized = _reference_probability(q_logp, mask, next_ids)
     return Comparison(
         float(kl.mean()),
         float(top1),
@@ -172,6 +184,13 @@ def _compare_logits(
         p_original,
         p_quantized,
     )
+
+
+def _reference_probability(logp: torch.Tensor, mask: torch.Tensor, next_ids: torch.Tensor) -> float:
+    """The sum over the positions of ``mask`` of the probability (``logp``: log-softmax, one row
+    per position) given the reference next token ``next_ids``."""
+    index = next_ids.to(logp.device)[mask.to(logp.device)].unsqueeze(-1)
+    return float(logp[mask.to(logp.device)].gather(-1, index).exp().sum())
 
 
 def next_token_ids(ids: list[int]) -> torch.Tensor:
@@ -210,6 +229,37 @@ def _prompt_only(sample: Sample) -> Sample:
     return Sample(messages or sample.messages, sample.images, sample.videos, sample.audios)
 
 
+@dataclass(frozen=True)
+class _RowInputs:
+    """One row as both models see it: the whole conversation, the prompt to generate from, and
+    the positions of the loss with their reference next tokens."""
+
+    inputs: dict
+    prompt: dict
+    ids: list[int]
+    mask: torch.Tensor
+    scope: str
+
+    @property
+    def next_ids(self) -> torch.Tensor:
+        return next_token_ids(self.ids)
+
+
+def _row_inputs(processor, row: dict, media_ids: set[int]) -> _RowInputs:
+    sample = Sample.from_row(row)
+    inputs = processor_inputs(processor, sample)
+    prompt = processor_inputs(processor, _prompt_only(sample), add_generation_prompt=True)
+    ids = inputs["input_ids"][0].tolist()
+    mask, scope = loss_positions(ids, _common_prefix(prompt["input_ids"][0].tolist(), ids), media_ids)
+    return _RowInputs(inputs, prompt, ids, mask, scope)
+
+
+def _media_ids(model) -> set[int]:
+    from quantkit.quantize.token_weights import media_token_ids
+
+    return set().union(*media_token_ids(model.config).values())
+
+
 def held_out_rows(
     calib: Path, *, exclude_ids: set[str], count: int, seed: int, kinds: set[str], by: str = "stratum"
 ) -> list[dict]:
@@ -238,6 +288,115 @@ def held_out_rows(
     return [rows[i] for i in picked]
 
 
+@dataclass
+class HeldOutRow:
+    """A chosen held-out row: the original's expected answer-token accuracy on it (mean over its
+    loss positions of p_original(reference next token)) and that of every candidate ranked."""
+
+    id: str
+    task: str
+    original_accuracy: float
+    candidates: dict[str, float] = field(default_factory=dict)  # id -> accuracy, the task's ranked
+
+
+@dataclass
+class HeldOutChoice:
+    """The held-out rows a build judges every candidate on (``choose_held_out_rows``)."""
+
+    rows: list[HeldOutRow]
+    floor: float
+    per_task: int
+    seed: int
+
+    @property
+    def ids(self) -> list[str]:
+        return [row.id for row in self.rows]
+
+    def best(self) -> dict[str, float]:
+        """Per task, the original's accuracy on its best chosen row."""
+        found: dict[str, float] = {}
+        for row in self.rows:
+            found[row.task] = max(found.get(row.task, 0.0), row.original_accuracy)
+        return found
+
+    @property
+    def not_judged(self) -> set[str]:
+        """Tasks whose best chosen row the original answers under ``floor``: loss shown, not gated."""
+        return {task for task, accuracy in self.best().items() if accuracy < self.floor}
+
+    def to_dict(self) -> dict:
+        return {
+            "rule": (
+                f"per task, up to {self.per_task} held-out rows drawn keeping its strata (seed "
+                f"{self.seed}) ranked by the original's expected answer-token accuracy, the best "
+                f"kept; a task whose best is under {self.floor} is not judged (loss shown, not gated)"
+            ),
+            "floor": self.floor,
+            "rows": [{**asdict(row), "judged": row.task not in self.not_judged} for row in self.rows],
+            "not_judged": sorted(self.not_judged),
+        }
+
+
+def choose_held_out_rows(
+    reference: Path,
+    calib: Path,
+    *,
+    exclude_ids: set[str],
+    count: int,
+    per_task: int = CANDIDATES_PER_TASK,
+    seed: int = 0,
+    floor: float | None = None,
+) -> HeldOutChoice:
+    """The held-out rows (not in ``exclude_ids``, of modalities the model takes) to judge
+    candidates on: ``count`` split over the tasks as ``held_out_rows(by="task")`` splits it (one
+    row of every task while ``count`` allows), each task's share the best-answered by the original
+    (``reference``) of up to ``max(per_task, share)`` of its rows drawn keeping their strata.
+    ``floor``: default ACCURACY_FLOOR."""
+    from quantkit.models.adapters import adapter_for
+    from quantkit.quantize.run import saved_dtype
+
+    reference = Path(reference)
+    adapter = adapter_for(reference)
+    processor = adapter.load_processor(reference)
+    kinds = processor_capabilities(processor)
+    rows = held_out_rows(calib, exclude_ids=exclude_ids, count=sys.maxsize, seed=seed, kinds=kinds)
+    shares: dict[str, int] = defaultdict(int)
+    for i in stratified_subsample([row["task"] for row in rows], count, seed=seed):
+        shares[rows[i]["task"]] += 1
+    model = adapter.load_model(reference, dtype=saved_dtype(reference))
+    media_ids = _media_ids(model)
+    chosen = []
+    for task in sorted(shares):
+        of_task = [row for row in rows if row["task"] == task]
+        drawn = stratified_subsample(
+            [row["stratum"] for row in of_task], max(per_task, shares[task]), seed=seed
+        )
+        accuracy = {}
+        for row in (of_task[i] for i in drawn):
+            prepared = _row_inputs(processor, row, media_ids)
+            with torch.no_grad():
+                logp = torch.log_softmax(model(**prepared.inputs).logits[0].float(), dim=-1)
+            positions = max(int(prepared.mask.sum()), 1)
+            accuracy[row["id"]] = _reference_probability(logp, prepared.mask, prepared.next_ids) / positions
+        ranked = sorted(accuracy, key=lambda i: -accuracy[i])  # stable: ties keep the drawn order
+        chosen += [HeldOutRow(i, task, accuracy[i], dict(accuracy)) for i in ranked[: shares[task]]]
+    return HeldOutChoice(chosen, ACCURACY_FLOOR if floor is None else floor, per_task, seed)
+
+
+def _rows_by_id(calib: Path, ids: list[str], exclude_ids: set[str]) -> list[dict]:
+    """The calibration set's rows of ``ids``, in that order; one missing or calibrated on is bad input."""
+    found = {row["id"]: row for row in load_calibration_set(calib)}
+    for row_id in ids:
+        if row_id not in found or row_id in exclude_ids:
+            why = "is not in the calibration set" if row_id not in found else "calibrated the checkpoint"
+            raise InputError(
+                f"held-out row {row_id} {why}",
+                path=calib,
+                hint="choose the rows again (choose_held_out_rows) from this set and checkpoint",
+            )
+    return [found[row_id] for row_id in ids]
+
+
 def measure_drift(
     reference: Path,
     checkpoint: Path,
@@ -249,7 +408,10 @@ def measure_drift(
     exclude_ids: set[str] | None = None,
     thresholds: DriftThresholds | None = None,
     stratify_by: str = "stratum",
+    held_out: HeldOutChoice | None = None,
 ) -> DriftReport:
+    """``held_out``: the rows to measure on (``choose_held_out_rows``, recorded in the report),
+    instead of ``num_samples`` drawn keeping the proportions of ``stratify_by``."""
     from quantkit.models.adapters import adapter_for
 
     reference, checkpoint = Path(reference), Path(checkpoint)
@@ -257,32 +419,30 @@ def measure_drift(
     processor = q_adapter.load_processor(checkpoint)
     if exclude_ids is None:
         exclude_ids = _used_ids(checkpoint)
-    rows = held_out_rows(
-        calib,
-        exclude_ids=exclude_ids,
-        count=num_samples,
-        seed=seed,
-        kinds=processor_capabilities(processor),
-        by=stratify_by,
-    )
+    if held_out is not None:
+        rows = _rows_by_id(calib, held_out.ids, exclude_ids)
+    else:
+        rows = held_out_rows(
+            calib,
+            exclude_ids=exclude_ids,
+            count=num_samples,
+            seed=seed,
+            kinds=processor_capabilities(processor),
+            by=stratify_by,
+        )
     # Each in its saved dtype: transformers cannot run some reloaded quantized models in float32.
     from quantkit.quantize.run import saved_dtype
-    from quantkit.quantize.token_weights import media_token_ids
 
     original = ref_adapter.load_model(reference, dtype=saved_dtype(reference))
     quantized = q_adapter.load_model(checkpoint, dtype=saved_dtype(checkpoint))
-    media_ids = set().union(*media_token_ids(original.config).values())
+    media_ids = _media_ids(original)
     results = []
     for row in rows:
-        sample = Sample.from_row(row)
-        inputs = processor_inputs(processor, sample)
+        prepared = _row_inputs(processor, row, media_ids)
+        inputs, prompt, mask, scope = prepared.inputs, prepared.prompt, prepared.mask, prepared.scope
         with torch.no_grad():
-            prompt = processor_inputs(processor, _prompt_only(sample), add_generation_prompt=True)
-            ids = inputs["input_ids"][0].tolist()
-            answer_start = _common_prefix(prompt["input_ids"][0].tolist(), ids)
-            mask, scope = loss_positions(ids, answer_start, media_ids)
             compared = _compare_logits(
-                original(**inputs).logits[0], quantized(**inputs).logits[0], mask, next_token_ids(ids)
+                original(**inputs).logits[0], quantized(**inputs).logits[0], mask, prepared.next_ids
             )
             start = prompt["input_ids"].shape[1]
             a = original.generate(**prompt, max_new_tokens=greedy_tokens, do_sample=False)[0, start:].tolist()
@@ -308,6 +468,7 @@ def measure_drift(
                 # Unrounded: the loss is 1 - their ratio, and FP8's is ~1e-3.
                 loss_p_original=compared.loss_p_original,
                 loss_p_quantized=compared.loss_p_quantized,
+                original_accuracy=compared.loss_p_original / max(int(mask.sum()), 1),
             )
         )
     by_modality: dict[str, list[SampleDrift]] = defaultdict(list)
@@ -323,6 +484,7 @@ def measure_drift(
         by_task=[_group(name, items) for name, items in sorted(by_task.items())],
         samples=results,
         thresholds=thresholds,
+        held_out=held_out.to_dict() if held_out is not None else None,
     )
     if thresholds is not None:
         judge_groups(report, thresholds)
