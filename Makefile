@@ -9,7 +9,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 TV_META := $(VLLM_VENV)/lib/python3.11/site-packages/torchvision/_meta_registrations.py
 
-.PHONY: install vllm-env demo test test-quick lint clean checkpoints bench bench-real
+.PHONY: install vllm-env envs demo test test-quick lint clean checkpoints bench bench-real
 
 # pip install --no-compile: pip byte-compiles every .py file it installs (all of torch, transformers,
 # vLLM ...), while Python compiles on first import only the modules a command uses, once. Measured
@@ -34,6 +34,10 @@ $(STAMP): requirements.lock pyproject.toml
 # the way the file already guards the others, so VL processors (pure Python) work.
 vllm-env: $(VLLM_STAMP)
 
+# Both environments at once: each pip install runs on one core, and they are independent.
+envs:
+	$(MAKE) --no-print-directory -j2 install vllm-env
+
 $(VLLM_STAMP): requirements-vllm.lock
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python $(PIP_INSTALL) -r requirements-vllm.lock
@@ -56,7 +60,7 @@ $(VLLM_STAMP): requirements-vllm.lock
 # Each step, wall seconds on 2 cores shared (load 3.5-4.4), every process compiling its imports:
 # zoo build 61, demo-pool 22, skills pool 5, calibrate 50, build 622, eval 1000 (64 items x 10
 # tasks x 5 models, greedy in batches of 16: the largest share).
-demo: install vllm-env
+demo: envs
 	rm -rf $(DEMO)
 	$(BIN)/quantkit zoo build tiny-omni-skills --output $(DEMO)/models/tiny-omni-skills
 	$(BIN)/quantkit demo-pool --output $(DEMO)/pool
@@ -84,7 +88,7 @@ checkpoints: install
 # vLLM or torchrun child or on file I/O, so two workers overlap those waits.
 # One process, for debugging: $(BIN)/python -m pytest tests/test_x.py
 PYTEST_WORKERS ?= -n 2 --dist loadfile
-test: install vllm-env
+test: envs
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_WORKERS)
 
 # CPU benchmarks: writes bench/RESULTS.md. run_all.py (~12 min on 2 cores): calibrate, quantize
