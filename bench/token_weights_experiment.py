@@ -209,6 +209,150 @@ def render(original: dict, runs: list[dict], note: str) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------- SmolLM2-135M (real weights)
+
+SMOL_SECTION = "### SmolLM2-135M: perplexity and KL on held-out Jargon File text"
+# arm -> overrides of the shipped w4a16 recipe (zero points, group 64 chosen for SmolLM2's 576)
+SMOL_ARMS: dict[str, dict] = {
+    "plain": {},
+    "answer-up": {"token_weights": {"role": {"answer": 4.0}}},
+    "imatrix": {"weight_observer": "imatrix_mse"},
+}
+ANSWER_SHARE = 0.25  # the last quarter of each calibration window is the assistant's turn
+
+
+def smol_inputs(work: Path, calib_pool: int, eval_windows: int):
+    """SmolLM2 (bench/mixed_precision.py's bf16 folder, its adapter) and its window split of the
+    Jargon File: calibration windows from the first 60%, evaluation windows from the rest."""
+    import mixed_precision as mp
+    from transformers import AutoTokenizer
+
+    folder = mp.with_parts_template(mp.smollm2_folder(work / "smollm2"), work)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    calib, evals = mp.windows(tokenizer, calib_pool, eval_windows)
+    return folder, mp.llama_adapter(folder), tokenizer, calib, evals
+
+
+def smol_samples(tokenizer, calib, size: int, seed: int):
+    """``size`` windows drawn by ``seed``, each as a user turn followed by an assistant turn (its
+    last quarter), so answer weighting has answers to weigh."""
+    import random
+
+    from quantkit.models.inputs import Sample
+
+    chosen = random.Random(seed).sample(range(len(calib)), size)
+    cut = int(len(calib[0]) * (1 - ANSWER_SHARE))
+    return [
+        Sample(
+            [
+                {"role": "user", "content": tokenizer.decode(calib[i][:cut])},
+                {"role": "assistant", "content": tokenizer.decode(calib[i][cut:])},
+            ]
+        )
+        for i in sorted(chosen)
+    ]
+
+
+def smol_run(args, arm: str, seed: int, inputs, reference) -> dict:
+    out = args.work / f"smol-{arm}-{args.smol_size}-{seed}-{args.smol_eval}.json"
+    if out.is_file():
+        return json.loads(out.read_text())
+    import mixed_precision as mp
+    from _shared import git_commit
+
+    from quantkit.quantize import quantize
+    from quantkit.recipes.registry import resolve_recipe
+    from quantkit.recipes.schema import Recipe
+
+    folder, adapter, tokenizer, calib, _ = inputs
+    recipe = Recipe.model_validate(
+        {**resolve_recipe(RECIPE).model_dump(exclude_unset=True), **SMOL_ARMS[arm]}
+    )
+    checkpoint = args.work / f"ckpt-smol-{arm}-{seed}"
+    started = time.monotonic()
+    samples = smol_samples(tokenizer, calib, args.smol_size, seed)
+    quantize(folder, checkpoint, recipe, samples, adapter=adapter, force=True, progress=False)
+    seconds = round(time.monotonic() - started, 1)
+    scores = mp.score(mp.load_checkpoint(checkpoint), reference())
+    meta = json.loads((checkpoint / "quantkit.json").read_text())
+    result = {
+        "arm": arm,
+        "seed": seed,
+        "size": args.smol_size,
+        "eval_windows": args.smol_eval,
+        "commit": git_commit(),
+        "quantize_seconds": seconds,
+        "sample_ids": meta["calibration"]["sample_ids"],
+        "recorded_token_weights": meta["calibration"].get("token_weights"),
+        "original_ppl": reference().result["ppl"],
+        **scores,
+    }
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def smol_render(runs: list[dict]) -> str:
+    arms = [a for a in SMOL_ARMS if any(r["arm"] == a for r in runs)]
+    seeds = sorted({r["seed"] for r in runs})
+    lines = [
+        SMOL_SECTION,
+        "",
+        f"w4a16 as shipped, {runs[0]['size']} calibration windows of 512 tokens (a user turn, then the "
+        f"last {ANSWER_SHARE:.0%} as the assistant's) drawn per seed from the first 60% of the text, "
+        f"{runs[0]['eval_windows']} evaluation windows from the rest; seeds {', '.join(map(str, seeds))}; "
+        f"original perplexity {runs[0]['original_ppl']:.3f}; mean ± spread (max - min) over seeds.",
+        "",
+        "| arm | perplexity | KL (nats) | top-1 agreement | n | made by |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm in arms:
+        mine = [r for r in runs if r["arm"] == arm]
+        figures = ["{:.4f} ± {:.4f}".format(*cell([r[key] for r in mine])) for key in ("ppl", "kl", "top1")]
+        commits = ", ".join(sorted({r["commit"] for r in mine}))
+        lines.append(f"| {arm} | " + " | ".join(figures) + f" | {len(mine)} | {commits} |")
+    plain = [r for r in runs if r["arm"] == "plain"]
+    lines.append("")
+    for arm in arms[1:]:
+        mine = [r for r in runs if r["arm"] == arm]
+        (p, ps), (m, ms) = cell([r["kl"] for r in plain]), cell([r["kl"] for r in mine])
+        beyond = abs(m - p) > max(ps, ms)
+        word = ("lower" if m < p else "higher") if beyond else "within the seed spread of"
+        lines.append(f"- {arm}: KL {m - p:+.4f} against plain: {word}{' than' if beyond else ''} plain")
+    return "\n".join(lines)
+
+
+def smol_main(args) -> str:
+    import functools
+
+    import mixed_precision as mp
+
+    inputs = smol_inputs(args.work, 64, args.smol_eval)
+
+    @functools.cache
+    def reference():
+        return mp.Reference(mp.load_checkpoint(inputs[0]), inputs[4])
+
+    runs = []
+    for seed in (int(s) for s in args.seeds.split(",")):
+        for arm in SMOL_ARMS:
+            out = args.work / f"smol-{arm}-{args.smol_size}-{seed}-{args.smol_eval}.json"
+            if args.render_only and not out.is_file():
+                continue
+            runs.append(smol_run(args, arm, seed, inputs, reference))
+            print(json.dumps({k: v for k, v in runs[-1].items() if k != "sample_ids"}), flush=True)
+    return smol_render(runs)
+
+
+def write_part(results: Path, text: str, *, smol: bool) -> None:
+    """Replace one part of the RESULTS.md section (tiny-omni-skills, or SmolLM2's subsection)
+    and keep the other."""
+    from _shared import read_section, replace_section
+
+    tiny, _, rest = (read_section(results, SECTION) or "").partition(SMOL_SECTION)
+    parts = [tiny.rstrip(), text] if smol else [text, (SMOL_SECTION + rest).rstrip() if rest else ""]
+    replace_section(results, SECTION, "\n\n".join(p for p in parts if p))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -223,8 +367,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--note", default="")
     parser.add_argument("--render-only", action="store_true", help="render from the stored runs")
     parser.add_argument("--write-results", type=Path)
+    parser.add_argument("--smollm2", action="store_true", help="the SmolLM2-135M part instead")
+    parser.add_argument("--smol-size", type=int, default=16, help="SmolLM2 calibration windows")
+    parser.add_argument("--smol-eval", type=int, default=8, help="SmolLM2 evaluation windows")
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
+    if args.smollm2:
+        text = smol_main(args)
+        print(text)
+        if args.write_results:
+            write_part(args.write_results, text, smol=True)
+        return
     original = original_scores(args.model, args.work, args.items)
     runs = []
     for seed in (int(s) for s in args.seeds.split(",")):
@@ -238,9 +391,7 @@ def main(argv: list[str] | None = None) -> None:
     text = render(original, runs, args.note)
     print(text)
     if args.write_results:
-        from _shared import replace_section
-
-        replace_section(args.write_results, SECTION, text)
+        write_part(args.write_results, text, smol=False)
 
 
 if __name__ == "__main__":
