@@ -5,13 +5,13 @@ Arms (``ARMS``) are variants of one recipe: ``plain`` (the recipe as it is), tok
 (a ``token_weights`` section: H = sum_t w_t x_t x_t^T) and ``imatrix`` (``weight_observer:
 imatrix_mse``: each group's scale chosen by an MSE search weighted by the input channels' E[x^2]).
 Settings (``SETTINGS``) are the recipe's overrides and the number of calibration samples: w4a16 as
-shipped, and a harsher one vLLM still serves (symmetric int4, no zero points, 8 samples). Every arm
-of a setting and seed calibrates on the same drawn samples (the stratified set of
-bench/skills_experiment.py, with its task labels), then is scored with
-``quantkit.eval.skills.score_model`` on the same held-out items as the original (paired).
+shipped, and a harsher one vLLM still serves (symmetric int4, no zero points, 10 samples: the
+fewest that cover the pool's 10 strata). Every arm of a setting and seed calibrates on the same
+drawn samples (the stratified set of bench/skills_experiment.py, with its task labels), then is
+scored with ``quantkit.eval.skills.score_model`` on the same held-out items as the original (paired).
 
     python bench/token_weights_experiment.py --model DIR --pool POOL.jsonl --work /tmp/tw-exp \
-        --settings w4a16,w4a16-sym-8 --seeds 0,1 --write-results bench/RESULTS.md
+        --settings w4a16,w4a16-sym-10 --seeds 0,1 --write-results bench/RESULTS.md
 
 Finished runs are kept in ``--work`` (one JSON per run, with the git commit that made it) and
 reused; the RESULTS.md section is rendered from them.
@@ -44,7 +44,7 @@ ARMS: dict[str, dict] = {
 # setting -> (recipe overrides, calibration samples)
 SETTINGS: dict[str, tuple[dict, int]] = {
     "w4a16": ({}, 32),
-    "w4a16-sym-8": ({"symmetric": True}, 8),
+    "w4a16-sym-10": ({"symmetric": True}, 10),
 }
 # Tasks the original answers (docs/eval.md status table); the others score near 0 before
 # quantization, so no arm can show a difference on them.
@@ -129,13 +129,12 @@ def cell(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), max(values) - min(values)
 
 
-def verdict(setting: str, runs: list[dict]) -> list[str]:
-    """Each arm against plain on the answerable tasks: a difference counts when the means differ
-    by more than the larger of the two seed spreads."""
+def differences(setting: str, runs: list[dict]) -> dict[str, tuple[list[str], list[str]]]:
+    """Each arm against plain on the answerable tasks: (better, worse) task lists, a difference
+    counting when the means differ by more than the larger of the two seed spreads."""
     mine = [r for r in runs if r["setting"] == setting]
-    arms = [a for a in ARMS if a != "plain" and any(r["arm"] == a for r in mine)]
-    out = []
-    for arm in arms:
+    out = {}
+    for arm in [a for a in ARMS if a != "plain" and any(r["arm"] == a for r in mine)]:
         better, worse = [], []
         for task in ANSWERABLE:
             plain = cell([r["scores"][task] for r in mine if r["arm"] == "plain"])
@@ -143,18 +142,23 @@ def verdict(setting: str, runs: list[dict]) -> list[str]:
             diff = other[0] - plain[0]
             if abs(diff) > max(plain[1], other[1]):
                 (better if diff > 0 else worse).append(f"{task} {diff:+.3f}")
-        out.append(
-            f"{arm}: better than plain beyond the spread on {', '.join(better) or 'no task'}; "
-            f"worse on {', '.join(worse) or 'no task'}"
-        )
+        out[arm] = (better, worse)
     return out
+
+
+def shipped_defaults() -> bool:
+    """Whether every built-in recipe ships with token weights off and the library's observer."""
+    from quantkit.recipes.registry import list_recipes, resolve_recipe
+
+    recipes = [resolve_recipe(info.name) for info in list_recipes()]
+    return all(r.token_weights is None and r.weight_observer is None for r in recipes)
 
 
 def render(original: dict, runs: list[dict], note: str) -> str:
     from quantkit.zoo.skills_tasks import TASKS
 
     lines = [note, ""] if note else []
-    helped = False
+    better_any, worse_any = [], []
     for setting in [s for s in SETTINGS if any(r["setting"] == s for r in runs)]:
         mine = [r for r in runs if r["setting"] == setting]
         arms = [a for a in ARMS if any(r["arm"] == a for r in mine)]
@@ -168,42 +172,60 @@ def render(original: dict, runs: list[dict], note: str) -> str:
             "| group | task | original | " + " | ".join(arms) + " | made by |",
             "|---|---|---|" + "---|" * len(arms) + "---|",
         ]
+        commits = ", ".join(sorted({r["commit"] for r in mine} | {original["commit"]}))
         for task in TASKS:
             cells = []
             for arm in arms:
                 values = [r["scores"][task.name] for r in mine if r["arm"] == arm]
                 mean, spread = cell(values)
                 cells.append(f"{mean:.3f} ± {spread:.3f} (n={len(values)})")
-            commits = sorted({r["commit"] for r in mine} | {original["commit"]})
             mark = "" if task.name in ANSWERABLE else " (original near 0: not judged)"
             lines.append(
                 f"| {task.group} | {task.name}{mark} | {original['scores'][task.name]:.3f} | "
                 + " | ".join(cells)
-                + f" | {', '.join(commits)} |"
+                + f" | {commits} |"
             )
         lines.append("")
-        found = verdict(setting, runs)
-        helped = helped or any("better than plain beyond the spread on no task" not in v for v in found)
-        lines += [f"- {setting}, " + v for v in found]
+        if len(seeds) < 2:
+            lines += ["- one seed: no spread to judge differences by", ""]
+            continue
+        for arm, (better, worse) in differences(setting, runs).items():
+            better_any += [f"{arm} on {t} ({setting})" for t in better]
+            worse_any += [f"{arm} on {t} ({setting})" for t in worse]
+            lines.append(
+                f"- {setting}, {arm} against plain beyond the seed spread: better on "
+                f"{', '.join(better) or 'no task'}; worse on {', '.join(worse) or 'no task'}"
+            )
         lines.append("")
     weighted = [r for r in runs if r["recorded_token_weights"] is not None]
-    recorded = all(r["card_token_weights"] for r in weighted) and bool(weighted)
+    recorded = bool(weighted) and all(r["card_token_weights"] for r in weighted)
+    imatrix = [r for r in runs if r["arm"] == "imatrix"]
     lines.append(
         "Only caption, temporal_grounding, video_caption, speaker_count and audio_image_qa are judged: "
-        "the other tasks (the precision tasks OCR and grounding among them) score near 0 in the "
-        "original, so no calibration can show a difference there, and the goal (precision tasks "
-        "gaining beyond the seed spread) cannot be tested on this model. "
+        "the others (the precision tasks OCR and grounding among them) score near 0 in the original, "
+        "so no calibration can show a difference there, and the issue's goal (precision tasks gaining "
+        "beyond the seed spread) cannot be tested on this model. "
         + (
-            "Some arm differs from plain beyond the seed spread (above); read the rows before "
-            "changing the default. "
-            if helped
-            else "No weighting and no imatrix arm helped any judged task beyond the seed spread, so "
-            "the recipes ship with token_weights absent (off) and the library's default observer. "
+            f"Beyond the seed spread, better than plain: {'; '.join(better_any)}. "
+            if better_any
+            else "No token weighting and not imatrix helped any judged task beyond the seed spread. "
+        )
+        + (f"Worse than plain: {'; '.join(worse_any)}. " if worse_any else "No judged task got worse. ")
+        + (
+            "The built-in recipes ship with token_weights absent (off) and weight_observer unset "
+            "(the library's minmax). "
+            if shipped_defaults()
+            else "Some built-in recipe turns token_weights or weight_observer on. "
         )
         + (
-            f"The {len(weighted)} weighted runs recorded their weights in quantkit.json and the model card."
+            f"All {len(weighted)} weighted runs recorded their weights in quantkit.json and the model card"
             if recorded
-            else "Not every weighted run recorded its weights in quantkit.json and the card: see the run JSON."
+            else "Not every weighted run recorded its weights in quantkit.json and the card (see the run JSON)"
+        )
+        + (
+            f"; the {len(imatrix)} imatrix runs recorded weight_observer: imatrix_mse in quantkit.json."
+            if imatrix and all(r["recorded_weight_observer"] == "imatrix_mse" for r in imatrix)
+            else "."
         )
     )
     return "\n".join(lines)
