@@ -125,6 +125,22 @@ def original_scores(model: Path, work: Path, items: int) -> dict:
     return json.loads(out.read_text())
 
 
+def against_plain(work: Path, run: dict) -> dict:
+    """How many quantized tensors of the run's checkpoint differ from plain's (same setting and
+    seed): whether the arm reached the solve at all."""
+    from safetensors.torch import load_file
+
+    def tensors(arm: str) -> dict:
+        return load_file(work / f"ckpt-{run['setting']}-{arm}-{run['seed']}" / "model.safetensors")
+
+    plain, mine = tensors("plain"), tensors(run["arm"])
+    out = {}
+    for kind in ("weight_packed", "weight_scale"):
+        names = [n for n in plain if n.endswith(kind)]
+        out[kind] = [sum(not plain[n].equal(mine[n]) for n in names), len(names)]
+    return out
+
+
 def cell(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), max(values) - min(values)
 
@@ -158,7 +174,7 @@ def render(original: dict, runs: list[dict], note: str) -> str:
     from quantkit.zoo.skills_tasks import TASKS
 
     lines = [note, ""] if note else []
-    better_any, worse_any = [], []
+    better_any, worse_any, judged = [], [], []
     for setting in [s for s in SETTINGS if any(r["setting"] == s for r in runs)]:
         mine = [r for r in runs if r["setting"] == setting]
         arms = [a for a in ARMS if any(r["arm"] == a for r in mine)]
@@ -186,9 +202,22 @@ def render(original: dict, runs: list[dict], note: str) -> str:
                 + f" | {commits} |"
             )
         lines.append("")
+        for arm in arms[1:]:
+            counts = [r["against_plain"] for r in mine if r["arm"] == arm and "against_plain" in r]
+            if counts:
+                packed, scales = (
+                    f"{min(c[k][0] for c in counts)}-{max(c[k][0] for c in counts)} of {counts[0][k][1]}"
+                    for k in ("weight_packed", "weight_scale")
+                )
+                lines.append(
+                    f"- {setting}, {arm}: tensors that differ from plain's checkpoint (range over seeds): "
+                    f"packed weights {packed}, scales {scales}"
+                )
+        lines.append("")
         if len(seeds) < 2:
             lines += ["- one seed: no spread to judge differences by", ""]
             continue
+        judged.append(setting)
         for arm, (better, worse) in differences(setting, runs).items():
             better_any += [f"{arm} on {t} ({setting})" for t in better]
             worse_any += [f"{arm} on {t} ({setting})" for t in worse]
@@ -206,11 +235,15 @@ def render(original: dict, runs: list[dict], note: str) -> str:
         "so no calibration can show a difference there, and the issue's goal (precision tasks gaining "
         "beyond the seed spread) cannot be tested on this model. "
         + (
-            f"Beyond the seed spread, better than plain: {'; '.join(better_any)}. "
-            if better_any
-            else "No token weighting and not imatrix helped any judged task beyond the seed spread. "
+            "With fewer than two seeds per setting nothing is judged. "
+            if not judged
+            else (
+                f"Beyond the seed spread, better than plain: {'; '.join(better_any)}. "
+                if better_any
+                else "No token weighting and not imatrix helped any judged task beyond the seed spread. "
+            )
+            + (f"Worse than plain: {'; '.join(worse_any)}. " if worse_any else "No judged task got worse. ")
         )
-        + (f"Worse than plain: {'; '.join(worse_any)}. " if worse_any else "No judged task got worse. ")
         + (
             "The built-in recipes ship with token_weights absent (off) and weight_observer unset "
             "(the library's minmax). "
@@ -408,7 +441,11 @@ def main(argv: list[str] | None = None) -> None:
                 out = args.work / f"tw-{setting}-{arm}-{seed}-{args.items}.json"
                 if args.render_only and not out.is_file():
                     continue
-                runs.append(run_one(args.model, args.pool, args.work, setting, arm, seed, args.items))
+                run = run_one(args.model, args.pool, args.work, setting, arm, seed, args.items)
+                if arm != "plain" and "against_plain" not in run:
+                    run["against_plain"] = against_plain(args.work, run)
+                    out.write_text(json.dumps(run, indent=1) + "\n")
+                runs.append(run)
                 print(json.dumps({k: v for k, v in runs[-1].items() if k != "sample_ids"}), flush=True)
     text = render(original, runs, args.note)
     print(text)
