@@ -13,6 +13,11 @@ scored with ``quantkit.eval.skills.score_model`` on the same held-out items as t
     python bench/token_weights_experiment.py --model DIR --pool POOL.jsonl --work /tmp/tw-exp \
         --settings w4a16,w4a16-sym-10 --seeds 0,1 --write-results bench/RESULTS.md
 
+``--smollm2`` runs the SmolLM2-135M part instead (plain vs answer-weighted GPTQ vs imatrix,
+perplexity and KL on held-out Jargon File windows, its own subsection). It has been smoke-run
+only (one plain run on 2 windows): on the shared 2-core machine one SmolLM2 GPTQ run did not
+finish in 13 minutes, so it has no figures in RESULTS.md yet.
+
 Finished runs are kept in ``--work`` (one JSON per run, with the git commit that made it) and
 reused; the RESULTS.md section is rendered from them.
 """
