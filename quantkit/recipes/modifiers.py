@@ -99,6 +99,8 @@ def build_modifiers(
         common["scheme"] = preset_name(recipe)
     if recipe.kv_cache_fp8:
         common["kv_cache_scheme"] = kv_cache_fp8_args()
+    if recipe.weight_observer is not None:
+        common["weight_observer"] = recipe.weight_observer  # the library applies it to every group
     if recipe.method == "gptq":
         modifiers.append(
             GPTQModifier(actorder=recipe.actorder, dampening_frac=recipe.dampening_frac, **common)
@@ -119,6 +121,8 @@ def resolved_scheme(recipe: Recipe, *, group_size: int | None = None) -> dict:
     scheme = preset_name_to_scheme(preset_name(recipe), ["<language-model Linear layers>"])
     if scheme.weights is not None and scheme.weights.group_size:
         scheme.weights = weight_args(recipe, group_size)
+    if scheme.weights is not None and recipe.weight_observer is not None:
+        scheme.weights = scheme.weights.model_copy(update={"observer": recipe.weight_observer})
     result: dict[str, Any] = {"preset": recipe.scheme, "format": recipe.checkpoint_format}
     result.update(scheme.model_dump(mode="json", exclude_none=True, exclude={"targets"}))
     if recipe.method == "gptq":

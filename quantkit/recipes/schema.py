@@ -48,6 +48,13 @@ Scheme = Literal["W8A8", "W4A16", "FP8", "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4A16",
 # Schemes a W4A16 recipe keeps its 8-bit layers in (mixed precision, or no group size divides).
 PromotedScheme = Literal["W8A16", "W8A8"]
 ActOrder = Literal["static", "weight", "group", "dynamic"]
+# llmcompressor 0.14 weight observers a recipe may pick (llmcompressor.observers): minmax (the
+# library default), mse (grid search on the weight's own error), imatrix_mse (that search weighted
+# by each input channel's E[x^2] on the calibration data, llama.cpp's importance matrix).
+WeightObserver = Literal["minmax", "mse", "imatrix_mse"]
+# Weight strategies imatrix_mse weighs (per channel or group); per-tensor and block scales it
+# silently computes unweighted, so those schemes refuse it.
+IMATRIX_SCHEMES = {"W8A8", "W4A16", "FP8_DYNAMIC", "NVFP4A16", "NVFP4", "W4AFP8"}
 
 
 class DriftLimits(BaseModel):
@@ -141,6 +148,12 @@ class Recipe(BaseModel):
         "activations (vLLM: GPUs with int8 tensor cores and the CPU backend); the checkpoint's "
         "format becomes mixed-precision",
     )
+    weight_observer: WeightObserver | None = Field(
+        default=None,
+        description="how each weight group's scale and zero point are chosen (the library's observer): "
+        "null or minmax: its range; mse: the range that minimises the rounding error; imatrix_mse: that "
+        "error weighted by each input channel's mean square activation on the calibration data",
+    )
     kv_cache_fp8: bool = False
     drift_thresholds: DriftLimits | None = None
     token_weights: TokenWeights | None = Field(
@@ -157,6 +170,11 @@ class Recipe(BaseModel):
             raise ValueError(
                 f"method: awq takes the weight-only int4 scheme ({', '.join(sorted(AWQ_SCHEMES))}), "
                 f"not {self.scheme}"
+            )
+        if self.weight_observer == "imatrix_mse" and self.scheme not in IMATRIX_SCHEMES:
+            raise ValueError(
+                f"weight_observer: imatrix_mse weighs per-channel or per-group scales, and {self.scheme} "
+                f"has per-tensor or block scales (use it with {', '.join(sorted(IMATRIX_SCHEMES))})"
             )
         if self.method != "gptq":
             stray = {"actorder", "dampening_frac", "token_weights"} & self.model_fields_set
@@ -179,6 +197,7 @@ class Recipe(BaseModel):
             or self.smoothquant_strength is not None
             or self.scheme in STATIC_ACTIVATION_SCHEMES
             or self.kv_cache_fp8
+            or self.weight_observer == "imatrix_mse"
         )
 
     @property

@@ -1,0 +1,98 @@
+"""A recipe's ``weight_observer`` picks llmcompressor's weight observer (imatrix_mse: the
+importance-weighted MSE search): it reaches the library's resolved scheme, quantkit.json's record
+of it, a token-weighted GPTQ modifier, and a bad value is refused at its line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from quantkit.errors import InputError
+from quantkit.recipes import build_modifiers, get_recipe, load_recipe_file, resolved_scheme
+from quantkit.recipes.modifiers import weight_args
+
+TARGETS = [r"re:^model\.layers\.\d+\.mlp\.(gate_proj|up_proj|down_proj)$"]
+IGNORE = ["lm_head"]
+
+
+def _imatrix(name: str = "w4a16"):
+    return get_recipe(name).model_copy(update={"weight_observer": "imatrix_mse"})
+
+
+def _observer_class(name: str):
+    from llmcompressor.observers import Observer
+
+    return Observer.get_value_from_registry(name)
+
+
+def test_every_observer_a_recipe_may_name_is_the_librarys():
+    from typing import get_args
+
+    from quantkit.recipes.schema import WeightObserver
+
+    for name in get_args(WeightObserver):
+        assert _observer_class(name) is not None
+
+
+def _weight_observers(modifier) -> set[str]:
+    groups = modifier.resolve_quantization_config().config_groups.values()
+    return {group.weights.observer for group in groups}
+
+
+@pytest.mark.parametrize("name", ["w4a16", "w8a8-sq-gptq", "fp8-dynamic"])
+def test_imatrix_reaches_the_library_modifier(name: str):
+    from llmcompressor.observers import IMatrixMSEObserver
+
+    sq = [
+        [
+            [r"re:^model\.layers\.\d+\.mlp\.(gate|up)_proj$"],
+            r"re:^model\.layers\.\d+\.post_attention_layernorm$",
+        ]
+    ]
+    quantizer = build_modifiers(_imatrix(name), targets=TARGETS, ignore=IGNORE, smoothquant_mappings=sq)[-1]
+    assert _weight_observers(quantizer) == {"imatrix_mse"}
+    assert quantizer.weight_observer == "imatrix_mse"
+    assert _observer_class("imatrix_mse") is IMatrixMSEObserver
+    assert resolved_scheme(_imatrix(name))["weights"]["observer"] == "imatrix_mse"
+    # unset: the library's default observer, and no override on the modifier
+    plain = build_modifiers(get_recipe(name), targets=TARGETS, ignore=IGNORE, smoothquant_mappings=sq)[-1]
+    assert plain.weight_observer is None and _weight_observers(plain) != {"imatrix_mse"}
+
+
+def test_imatrix_reaches_config_groups_and_token_weighted_gptq():
+    """The group size chosen for a model (config_groups) and the weighted GPTQ subclass keep it."""
+    from compressed_tensors.quantization import QuantizationScheme
+
+    from quantkit.quantize.token_weights import weighted_gptq_modifier_class, with_token_weights
+
+    recipe = _imatrix()
+    groups = {"group_0": QuantizationScheme(targets=TARGETS, weights=weight_args(recipe, 64))}
+    (gptq,) = build_modifiers(recipe, targets=TARGETS, ignore=IGNORE, config_groups=groups)
+    (weighted,) = with_token_weights([gptq], [])
+    assert isinstance(weighted, weighted_gptq_modifier_class())
+    for modifier in (gptq, weighted):
+        (group,) = modifier.resolve_quantization_config().config_groups.values()
+        assert (group.weights.observer, group.weights.group_size) == ("imatrix_mse", 64)
+
+
+def test_imatrix_needs_calibration_data():
+    rtn = get_recipe("fp8-dynamic")
+    assert not rtn.needs_data
+    assert rtn.model_copy(update={"weight_observer": "imatrix_mse"}).needs_data
+
+
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ("scheme: W4A16\nmethod: gptq\nweight_observer: imatrix\n", ["weight_observer", "imatrix_mse"]),
+        ("scheme: FP8\nmethod: rtn\nweight_observer: imatrix_mse\n", ["weight_observer", "FP8"]),
+    ],
+)
+def test_bad_observer_is_refused(tmp_path: Path, body: str, words: list[str]):
+    path = tmp_path / "r.yaml"
+    path.write_text("name: r\nhardware: any\n" + body)
+    with pytest.raises(InputError) as err:
+        load_recipe_file(path)
+    for word in words:
+        assert word in err.value.message
