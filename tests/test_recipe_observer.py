@@ -40,7 +40,7 @@ def _weight_observers(modifier) -> set[str]:
     return {group.weights.observer for group in groups}
 
 
-@pytest.mark.parametrize("name", ["w4a16", "w8a8-sq-gptq", "fp8-dynamic"])
+@pytest.mark.parametrize("name", ["w4a16", "fp8-dynamic"])
 def test_imatrix_reaches_the_library_modifier(name: str):
     from llmcompressor.observers import IMatrixMSEObserver
 
@@ -87,6 +87,13 @@ def test_imatrix_needs_calibration_data():
     [
         ("scheme: W4A16\nmethod: gptq\nweight_observer: imatrix\n", ["weight_observer", "imatrix_mse"]),
         ("scheme: FP8\nmethod: rtn\nweight_observer: imatrix_mse\n", ["weight_observer", "FP8"]),
+        ("scheme: FP8_BLOCK\nmethod: rtn\nweight_observer: imatrix_mse\n", ["weight_observer", "FP8_BLOCK"]),
+        (
+            "scheme: W8A8\nmethod: gptq\nsmoothquant_strength: 0.8\nweight_observer: imatrix_mse\n",
+            ["weight_observer", "SmoothQuant"],
+        ),
+        ("scheme: W4A16\nmethod: awq\nweight_observer: imatrix_mse\n", ["weight_observer", "awq"]),
+        ("scheme: W4A16\nmethod: gptq\nweight_observer: minmax\n", ["weight_observer", "memoryless_minmax"]),
     ],
 )
 def test_bad_observer_is_refused(tmp_path: Path, body: str, words: list[str]):

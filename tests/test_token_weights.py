@@ -183,10 +183,10 @@ def test_uniform_weights_give_the_librarys_hessian_to_the_bit(prepared):
     assert torch.equal(_hessian(_weighted(vectors), module, inputs), _hessian(_plain(), module, inputs))
 
 
-def _quantized(tmp_path: Path, zoo_model, image, name: str, token_weights: dict | None):
+def _quantized(tmp_path: Path, zoo_model, image, name: str, token_weights: dict | None, **overrides):
     base = get_recipe("w4a16").model_dump()
     recipe = Recipe.model_validate(
-        {**base, "name": name, **({"token_weights": token_weights} if token_weights else {})}
+        {**base, "name": name, **({"token_weights": token_weights} if token_weights else {}), **overrides}
     )
     samples, labels = _samples(image)
     result = quantize(
@@ -214,3 +214,18 @@ def test_non_uniform_weights_change_the_solved_weights_and_are_recorded(zoo_mode
     assert 0 < record["zero_weight_tokens"] < record["tokens"] == meta["calibration"]["tokens"]
     assert meta["recipe"]["token_weights"]["modality"]["image"] == 0.0
     assert "GPTQ token weights" in (out / "README.md").read_text()
+
+
+def test_the_imatrix_observer_calibrates_and_is_named_in_the_checkpoint(zoo_model, image, tmp_path):
+    """imatrix_mse reaches the library's weight observer on a real run: its scales differ from the
+    default observer's on the same samples, and quantkit.json, config.json and the card name it."""
+    plain, _, _ = _quantized(tmp_path, zoo_model, image, "plain", None)
+    weighted, meta, out = _quantized(
+        tmp_path, zoo_model, image, "imatrix", None, weight_observer="imatrix_mse"
+    )
+    scales = [k for k in plain if k.endswith("weight_scale")]
+    assert scales and any(not torch.equal(plain[k], weighted[k]) for k in scales)
+    assert meta["recipe"]["weight_observer"] == "imatrix_mse"
+    assert meta["resolved_scheme"]["weights"]["observer"] == "imatrix_mse"
+    assert "imatrix_mse" in (out / "config.json").read_text()
+    assert "weight observer imatrix_mse" in (out / "README.md").read_text()

@@ -217,6 +217,7 @@ def render_model_card(metadata: dict) -> str:
             if recipe.get("smoothquant_strength")
             else ""
         )
+        + (f", weight observer {recipe['weight_observer']}" if recipe.get("weight_observer") else "")
         + (", FP8 KV cache" if recipe.get("kv_cache_fp8") else ""),
         f"- intended hardware: {recipe['hardware']}",
         f"- unquantized tensors stored as {metadata['dtypes']['saved']}",

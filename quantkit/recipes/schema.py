@@ -48,10 +48,11 @@ Scheme = Literal["W8A8", "W4A16", "FP8", "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4A16",
 # Schemes a W4A16 recipe keeps its 8-bit layers in (mixed precision, or no group size divides).
 PromotedScheme = Literal["W8A16", "W8A8"]
 ActOrder = Literal["static", "weight", "group", "dynamic"]
-# llmcompressor 0.14 weight observers a recipe may pick (llmcompressor.observers): minmax (the
-# library default), mse (grid search on the weight's own error), imatrix_mse (that search weighted
-# by each input channel's E[x^2] on the calibration data, llama.cpp's importance matrix).
-WeightObserver = Literal["minmax", "mse", "imatrix_mse"]
+# llmcompressor 0.14 weight observers a recipe may pick (llmcompressor.observers): memoryless_minmax
+# (the library's default for weights), memoryless_mse (grid search on the weight's own error),
+# imatrix_mse (that search weighted by each input channel's E[x^2] on the calibration data,
+# llama.cpp's importance matrix). The moving-average minmax / mse are for activations.
+WeightObserver = Literal["memoryless_minmax", "memoryless_mse", "imatrix_mse"]
 # Weight strategies imatrix_mse weighs (per channel or group); per-tensor and block scales it
 # silently computes unweighted, so those schemes refuse it.
 IMATRIX_SCHEMES = {"W8A8", "W4A16", "FP8_DYNAMIC", "NVFP4A16", "NVFP4", "W4AFP8"}
@@ -151,7 +152,8 @@ class Recipe(BaseModel):
     weight_observer: WeightObserver | None = Field(
         default=None,
         description="how each weight group's scale and zero point are chosen (the library's observer): "
-        "null or minmax: its range; mse: the range that minimises the rounding error; imatrix_mse: that "
+        "null or memoryless_minmax: its range; memoryless_mse: the range that minimises the rounding "
+        "error; imatrix_mse: that "
         "error weighted by each input channel's mean square activation on the calibration data",
     )
     kv_cache_fp8: bool = False
@@ -175,6 +177,15 @@ class Recipe(BaseModel):
             raise ValueError(
                 f"weight_observer: imatrix_mse weighs per-channel or per-group scales, and {self.scheme} "
                 f"has per-tensor or block scales (use it with {', '.join(sorted(IMATRIX_SCHEMES))})"
+            )
+        if self.weight_observer == "imatrix_mse" and (
+            self.smoothquant_strength is not None or self.method == "awq"
+        ):
+            # The library gathers E[x^2] in the same pass in which SmoothQuant / AWQ rescale the
+            # weights afterwards: the search would weigh W*s by the unscaled inputs' statistics.
+            raise ValueError(
+                "weight_observer: imatrix_mse measures the inputs before SmoothQuant / AWQ rescale "
+                "them, so it cannot be combined with smoothquant_strength or method: awq"
             )
         if self.method != "gptq":
             stray = {"actorder", "dampening_frac", "token_weights"} & self.model_fields_set
