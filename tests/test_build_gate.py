@@ -48,19 +48,6 @@ def targets_file(folder: Path, *targets: dict) -> Path:
     return path
 
 
-@pytest.fixture(scope="module", autouse=True)
-def judge_every_task():
-    """The zoo's random-weight model answers no held-out row (its expected answer-token accuracy
-    is about 1 / its vocabulary), so under drift.ACCURACY_FLOOR no task would be judged: these
-    tests of the gate's mechanics judge every task (floor 0); the floor rule is tested with a
-    floor between the rows' measured accuracies."""
-    from quantkit.verify import drift
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(drift, "ACCURACY_FLOOR", 0.0)
-        yield
-
-
 @pytest.fixture(scope="module")
 def setup(zoo_model, demo_pool, tmp_path_factory) -> dict:
     """Model, calibration set, one output root, and w4a16 and fp8-dynamic measured on it: ``worse``
@@ -415,23 +402,27 @@ def test_build_json_and_cards_merge_by_target_and_stay_honest(setup, tmp_path):
     assert "Target `moving`" in (Path(better.checkpoint) / "README.md").read_text()
 
 
-def test_every_candidate_is_judged_on_the_rows_the_original_answers_best(setup):
-    """build.json records the held-out rows, chosen once per build: of each task's ranked
-    candidates the one the original answers best; every candidate's drift ran on exactly them."""
+def test_every_candidate_is_judged_on_the_same_chosen_rows(setup):
+    """build.json records the held-out rows, chosen once per build; the zoo's random-weight model
+    answers every row under drift.ACCURACY_FLOOR, so each task is below_floor and judged on its
+    best candidate; every candidate's drift ran on exactly them, its record keeps their hash."""
+    from quantkit.verify.drift import ACCURACY_FLOOR
+
     build = json.loads((setup["out"] / "build.json").read_text())
     held_out = build["held_out"]
     ids = [row["id"] for row in held_out["rows"]]
-    assert len(ids) == len(set(ids)) and {row["task"] for row in held_out["rows"]} == set(
-        setup["worse"].losses
-    )
+    tasks = {row["task"] for row in held_out["rows"]}
+    assert len(ids) == len(set(ids)) and tasks == set(setup["worse"].losses)
+    assert set(held_out["below_floor"]) == tasks and held_out["floor"] == ACCURACY_FLOOR
     w4a16 = setup["out"] / f"{setup['model'].name}-w4a16" / "quantkit.json"  # the one that calibrated
     used = set(json.loads(w4a16.read_text())["calibration"]["sample_ids"])
     rows = [json.loads(line) for line in (setup["calib"] / "samples.jsonl").read_text().splitlines()]
     for row in held_out["rows"]:
         left = [r["id"] for r in rows if r["task"] == row["task"] and r["id"] not in used]
         assert set(row["candidates"]) <= set(left) and 1 <= len(row["candidates"]) <= CANDIDATES_PER_TASK
-        assert row["original_accuracy"] == max(row["candidates"].values()) and row["judged"]
+        assert row["original_accuracy"] == max(row["candidates"].values()) < ACCURACY_FLOOR
     assert any(len(row["candidates"]) > 1 for row in held_out["rows"])  # a choice was made
+    assert {c["held_out"] for c in build["checkpoints"]} == {held_out["ids_sha256"]}
     for measured in (setup["worse"], setup["better"]):
         samples = json.loads((Path(measured.checkpoint) / "verify.json").read_text())["drift"]["samples"]
         assert [s["id"] for s in samples] == ids
@@ -441,31 +432,59 @@ def test_every_candidate_is_judged_on_the_rows_the_original_answers_best(setup):
         )
 
 
-def test_a_task_the_original_answers_under_the_floor_is_not_judged(setup, tmp_path, monkeypatch):
-    """With the floor just above the accuracy of the worst task's row, that task's loss is shown
-    but does not gate: a budget under its loss and over the judged tasks' keeps the candidate,
-    which judged on every task is over budget."""
+def test_a_task_below_the_floor_is_judged_and_noted(setup, tmp_path):
+    """Every task is below the floor here: a budget under the worst task's loss fails the
+    candidate all the same, and the chain (build.json), the card and the summary note the task."""
+    worse = setup["worse"]
+    budget = float(f"{worse.worst_loss * 0.9:.6g}")
+    file = targets_file(tmp_path, target("floored", worse.recipe))
+    args = ["build", "--target", "floored", "--model", str(setup["model"]), "--calib", str(setup["calib"])]
+    args += ["--output-root", str(setup["out"]), "--max-loss", str(budget), "--targets-file", str(file)]
+    result = runner.invoke(app, [*args, *CLI_OPTIONS])
+    assert result.exit_code == 1, result.output
+    build = json.loads((setup["out"] / "build.json").read_text())
+    (floored,) = [t for t in build["targets"] if t["name"] == "floored"]
+    (step,) = floored["chain"]
+    assert (step["verdict"], step["cached"], step["worst_task"]) == ("over budget", True, worse.worst_task)
+    assert worse.worst_task in build["held_out"]["below_floor"]
+    note = f"the original answers {worse.worst_task}'s held-out rows at "
+    assert note in step["detail"] and "its loss can hardly show" in step["detail"]
+    assert note in (Path(worse.checkpoint) / "README.md").read_text()
+    assert note in " ".join(result.output.split())
+
+
+def test_the_cache_key_changes_with_the_chosen_rows(setup):
+    from quantkit.recipes import get_recipe
+    from quantkit.targets.build import build_key
+    from quantkit.verify.drift import HeldOutChoice, HeldOutRow
+
+    recipe = get_recipe(setup["worse"].recipe)
+    one, other = (HeldOutChoice([HeldOutRow(i, "qa", 0.5)], 0.2, 4, 0) for i in ("r1", "r2"))
+    keys = {
+        build_key("m", "c", recipe, None, False, drift_samples=3, held_out=c.digest()) for c in (one, other)
+    }
+    assert len(keys) == 2
+    same = HeldOutChoice([HeldOutRow("r1", "qa", 0.9)], 0.2, 4, 0)  # the ids alone count
+    assert build_key("m", "c", recipe, None, False, drift_samples=3, held_out=same.digest()) in keys
+
+
+def test_a_library_error_choosing_the_rows_fails_every_target_recorded(setup, tmp_path, monkeypatch):
+    """The original's forward failing while the rows are chosen is recorded for every target of
+    the run (build.json), exit 1, nothing quantized."""
     from quantkit.verify import drift
 
-    worse = setup["worse"]
-    best = {
-        row["task"]: row["original_accuracy"]
-        for row in json.loads((setup["out"] / "build.json").read_text())["held_out"]["rows"]
-    }
-    floor = best[worse.worst_task] * (1 + 1e-6) + 1e-12
-    judged = {task for task, accuracy in best.items() if accuracy >= floor}
-    budget = max([worse.losses[task] for task in judged] + [0.0])
-    assert budget < worse.worst_loss
-    file = targets_file(tmp_path, target("floored", worse.recipe))
-    common = {"calib": setup["calib"], "targets_file": file, "max_loss": budget, **OPTIONS}
-    every = build_checkpoints(setup["model"], setup["out"], ["floored"], **common)
-    assert [(s.verdict, s.cached) for s in every.targets[0].chain] == [("over budget", True)]
-    monkeypatch.setattr(drift, "ACCURACY_FLOOR", floor)
-    report = build_checkpoints(setup["model"], setup["out"], ["floored"], **common)
-    (step,) = report.targets[0].chain
-    assert step.verdict == "kept" and step.cached and step.worst_task != worse.worst_task
-    assert step.losses[worse.worst_task] == worse.worst_loss  # shown
-    assert "not judged" in step.detail and worse.worst_task in step.detail
-    held_out = json.loads((setup["out"] / "build.json").read_text())["held_out"]
-    assert worse.worst_task in held_out["not_judged"] and held_out["floor"] == floor
-    assert {row["task"] for row in held_out["rows"] if not row["judged"]} == set(best) - judged
+    def broken(*args, **kwargs):
+        raise RuntimeError("forward broke")
+
+    monkeypatch.setattr(drift, "original_accuracy", broken)
+    out = tmp_path / "out"
+    file = targets_file(tmp_path, target("one", "w4a16"), target("two", "fp8-dynamic"))
+    args = ["build", "--target", "one", "--target", "two", "--model", str(setup["model"])]
+    args += ["--calib", str(setup["calib"]), "--output-root", str(out), "--targets-file", str(file)]
+    result = runner.invoke(app, [*args, *CLI_OPTIONS])
+    assert result.exit_code == 1, result.output
+    build = json.loads((out / "build.json").read_text())
+    assert [t["name"] for t in build["targets"]] == ["one", "two"] and not build["checkpoints"]
+    for record in build["targets"]:
+        assert record["status"] == "failed" and "RuntimeError: forward broke" in record["error"]
+        assert "choosing the held-out rows" in record["error"] and "forward broke" in record["traceback"]

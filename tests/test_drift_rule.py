@@ -89,38 +89,30 @@ def test_build_loss_is_the_drop_of_expected_answer_accuracy_in_points_and_a_gain
     assert losses["chat"] < 0
 
 
-def test_a_task_the_original_answers_under_the_floor_shows_its_loss_ungated():
-    """The floor rule: a task whose best held-out row the original answers under the floor is
-    listed "not judged" (build.json, the drift report) and its loss is shown but does not gate."""
+def test_a_task_below_the_floor_is_still_judged_with_a_note():
+    """No task is ungated: one whose held-out rows the original answers under the floor is judged
+    on its loss like the others (over budget fails the candidate), with a note that says so."""
     from quantkit.targets.build import CheckpointBuild, _judge
     from quantkit.verify.drift import HeldOutChoice, HeldOutRow
 
     choice = HeldOutChoice(
-        [
-            HeldOutRow("a1", "ocr", 0.9),
-            HeldOutRow("b1", "asr", 0.05),
-            HeldOutRow("b2", "asr", 0.25),  # a task's best row counts
-            HeldOutRow("c1", "chat", 0.19),
-        ],
+        [HeldOutRow("a1", "ocr", 0.9), HeldOutRow("c1", "chat", 0.04)],
         floor=0.2,
         per_task=4,
         seed=0,
+        below_floor=["chat"],
     )
-    assert choice.not_judged == {"chat"}
     record = choice.to_dict()
-    assert {row["id"]: row["judged"] for row in record["rows"]} == {
-        "a1": True,
-        "b1": True,
-        "b2": True,
-        "c1": False,
-    }
-    assert record["not_judged"] == ["chat"] and "0.2" in record["rule"]
-    entry = CheckpointBuild(["t"], "w4a16", "ck", "passed", "k", losses={"ocr": 0.5, "asr": 1.0, "chat": 3.0})
-    judged = _judge(entry, 1.5, {}, {"ocr", "asr", "chat"}, choice.not_judged)
-    assert judged.verdict == "kept" and judged.worst_task == "asr" and judged.losses["chat"] == 3.0
-    assert "not judged" in judged.detail and "chat" in judged.detail
-    every = _judge(entry, 1.5, {}, {"ocr", "asr", "chat"})
-    assert every.verdict == "over budget" and every.worst_task == "chat"
+    assert record["below_floor"] == ["chat"] and "0.2" in record["rule"] and "not_judged" not in record
+    assert (
+        record["ids_sha256"]
+        == choice.digest()
+        != HeldOutChoice([HeldOutRow("a2", "ocr", 0.9)], 0.2, 4, 0).digest()
+    )
+    entry = CheckpointBuild(["t"], "w4a16", "ck", "passed", "k", losses={"ocr": 0.5, "chat": 3.0})
+    step = _judge(entry, 1.5, {}, {"ocr", "chat"}, {"chat": 0.04})
+    assert step.verdict == "over budget" and step.worst_task == "chat"
+    assert "the original answers chat's held-out rows at 0.04: its loss can hardly show" in step.detail
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +142,45 @@ def _direct_accuracy(model, processor, row: dict) -> float:
     return float(probs[torch.arange(start - 1, len(ids) - 1), ids[start:]].mean())
 
 
-def test_the_held_out_rows_are_those_the_original_answers_best(omni_calib):
+def test_rows_under_the_floor_are_dropped_and_the_kept_are_picked_by_strata(omni_calib, monkeypatch):
+    """Of a task's drawn candidates, those the original answers under the floor are dropped when
+    one reaches it, and the task's row is the stratified pick among the kept, not the argmax."""
+    from quantkit.calibset import load_calibration_set, stratified_subsample
+    from quantkit.verify import drift
+
+    model_dir, calib = omni_calib
+    rows = {row["id"]: row for row in load_calibration_set(calib)}
+    tasks = {row["task"] for row in rows.values()}
+    drawn = {}  # task -> its candidates, in the drawn order
+
+    def score(model, processor, row, media_ids):
+        drawn.setdefault(row["task"], []).append(row["id"])
+        return 0.5
+
+    monkeypatch.setattr(drift, "original_accuracy", score)
+    drift.choose_held_out_rows(model_dir, calib, exclude_ids=set(), count=len(tasks), floor=0.2)
+    task = next(t for t, ids in drawn.items() if len(ids) >= 3)
+    dropped, kept = drawn[task][0], drawn[task][1:]
+    (pick,) = [kept[i] for i in stratified_subsample([rows[i]["stratum"] for i in kept], 1, seed=0)]
+    argmax = next(i for i in kept if i != pick)
+    accuracy = {dropped: 0.1, pick: 0.3, argmax: 0.9}  # the others kept at 0.5
+
+    def constructed(model, processor, row, media_ids):
+        return accuracy.get(row["id"], 0.5 if row["task"] == task else 0.01)
+
+    monkeypatch.setattr(drift, "original_accuracy", constructed)
+    choice = drift.choose_held_out_rows(model_dir, calib, exclude_ids=set(), count=len(tasks), floor=0.2)
+    (chosen,) = [row for row in choice.rows if row.task == task]
+    assert chosen.id == pick and chosen.original_accuracy == 0.3 and chosen.candidates[argmax] == 0.9
+    assert task not in choice.below_floor and dropped in chosen.candidates
+    # every other task's candidates are all under the floor: judged on the best, listed below_floor
+    assert sorted(choice.below_floor) == sorted(tasks - {task})
+    assert choice.to_dict()["below_floor"] == choice.below_floor
+
+
+def test_the_held_out_rows_of_a_task_under_the_floor_are_the_best(omni_calib):
+    """The zoo's random-weight model answers every row at about 1 / its vocabulary: every task
+    is below the floor and judged on the row the original answers best."""
     from quantkit.calibset import load_calibration_set
     from quantkit.models.adapters import adapter_for
     from quantkit.quantize.run import saved_dtype
@@ -161,6 +191,7 @@ def test_the_held_out_rows_are_those_the_original_answers_best(omni_calib):
     tasks = {row["task"] for row in rows.values()}
     choice = choose_held_out_rows(model_dir, calib, exclude_ids=set(), count=len(tasks), per_task=3)
     assert sorted(row.task for row in choice.rows) == sorted(tasks)  # one row of every task
+    assert sorted(choice.below_floor) == sorted(tasks)
     adapter = adapter_for(model_dir)
     model = adapter.load_model(model_dir, dtype=saved_dtype(model_dir))
     processor = adapter.load_processor(model_dir)

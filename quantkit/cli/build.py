@@ -10,7 +10,7 @@ from rich.table import Table
 
 from quantkit.cli._common import Force, console
 from quantkit.errors import CheckFailed
-from quantkit.targets.build import LOSS_DEFINITION, budget_text, format_loss
+from quantkit.targets.build import LOSS_DEFINITION, below_floor_note, budget_text, format_loss
 
 
 def targets() -> None:
@@ -189,6 +189,9 @@ def print_build_summary(report) -> None:
                 f"[yellow]{t.name}: {len(missing)} task(s) of the calibration set not measured "
                 f"(no held-out sample): {', '.join(missing)}[/]"
             )
+    for task in (report.held_out or {}).get("below_floor", []):
+        accuracy = max(r["original_accuracy"] for r in report.held_out["rows"] if r["task"] == task)
+        console.print(f"[yellow]{below_floor_note(task, accuracy)}[/]")
     for warning in report.warnings:
         console.print(f"[yellow]warning: {warning}[/]")
     console.print(f"build.json in {report.output_root}")

@@ -31,8 +31,13 @@ LOSS_DEFINITION = (
     "positions, over the positions that predict the answer's tokens (the last assistant turn, "
     "what the task's accuracy is scored on; prompt and media positions do not count) in the "
     "task's held-out calibration samples, y being the answer's own next token there; negative is "
-    "a gain. A sample without answer tokens counts its text positions instead (build.json lists "
-    "it under text_scope_samples). build.json also records, as kl_losses, 100 x sum of "
+    "a gain. The held-out samples are chosen once per build, the same for every candidate: per "
+    "task, of up to 4 rows no candidate calibrates on, drawn keeping its strata, those the "
+    "original answers at an expected answer-token accuracy of at least 0.2 (ACCURACY_FLOOR), "
+    "picked keeping their strata; a task none of whose rows reaches it is judged on its best and "
+    "listed below_floor (its loss in points is bounded by that accuracy: it can hardly show). A "
+    "sample without answer tokens counts its text positions instead (build.json lists it under "
+    "text_scope_samples). build.json also records, as kl_losses, 100 x sum of "
     "KL(original || quantized) / sum of the original's entropy at the same positions "
     "(informative, not gated on). With --eval-tasks, each skills task also counts 100% - "
     "recovery (checkpoint score / original score)."
@@ -45,7 +50,7 @@ ORDER_RULE = (
     "a layer does not divide, last, its record saying why), so the first that passes every task "
     "is the smallest that passes and the larger ones are not built"
 )
-LOSS_VERSION = "answer-accuracy-points-3"  # -3: on the rows the original answers best
+LOSS_VERSION = "answer-accuracy-points-4"  # -4: rows over the accuracy floor, picked by strata
 FIRST = "the target's recipe"  # why the first candidate is tried
 EVAL_PREFIX = "eval "  # an --eval-tasks loss's key: "eval TASK" (drift losses are keyed by the task)
 _CARD_START, _CARD_END = "<!-- quantkit:build:start -->", "<!-- quantkit:build:end -->"
@@ -71,6 +76,7 @@ class CheckpointBuild:
     text_scope_samples: list[str] | None = None  # held-out samples without answer tokens (text positions)
     eval_scores: dict | None = None  # {"items": n, "scores": {task: score}} with --eval-tasks
     traceback: str | None = None  # a library error's (not a QuantkitError), for build.json only
+    held_out: str | None = None  # HeldOutChoice.digest(): the held-out rows its losses were measured on
 
     @property
     def ok(self) -> bool:
@@ -178,8 +184,10 @@ def build_key(
     *,
     avg_bits: float | None = None,
     drift_samples: int | None = None,
+    held_out: str | None = None,
 ) -> str:
-    """What makes a candidate "the same": model, calibration data, recipe, avg bits, options, version."""
+    """What makes a candidate "the same": model, calibration data, recipe, avg bits, options,
+    version, and ``held_out`` (HeldOutChoice.digest(): the rows its losses are measured on)."""
     uses_data = recipe.needs_data or avg_bits is not None
     payload = {
         "model": model_hash,
@@ -188,7 +196,7 @@ def build_key(
         "avg_bits": avg_bits,
         "num_samples": num_samples if uses_data else None,
         # What the losses were measured on: held-out samples of the set, outside those calibrated on.
-        "drift": [calib_hash, drift_samples, num_samples] if calib_hash else None,
+        "drift": [calib_hash, drift_samples, num_samples, held_out] if calib_hash else None,
         "vllm": vllm,
         "quantkit": __version__,
         "loss": LOSS_VERSION,  # losses cached under another definition are measured again
@@ -343,6 +351,8 @@ def _card_section(checkpoint: str, targets: list[TargetBuild]) -> str:
                 f"{_fmt_percent(step.kl_losses.get(step.worst_task or ''))} | {step.verdict} | {step.why} |"
             )
         lines.append("")
+        if target.chain[-1].detail:  # the kept one's notes (tasks below the accuracy floor, ...)
+            lines += [f"Note: {target.chain[-1].detail}.", ""]
         if target.chain[-1].unmeasured:
             lines += [
                 f"Tasks of the calibration set not measured: {', '.join(target.chain[-1].unmeasured)}.",
@@ -426,21 +436,21 @@ def _judge(
     max_loss: float,
     eval_losses: dict[str, float],
     tasks: set[str],
-    ungated: set[str] = frozenset(),
+    below_floor: dict[str, float] | None = None,
 ) -> ChainStep:
     """``tasks``: the calibration set's, each of which should have a drift loss (one without: a
-    task whose every row calibrated the candidate); ``ungated``: drift tasks not judged (the
-    original answers their held-out rows under the floor), their losses shown only."""
+    task whose every row calibrated the candidate); ``below_floor``: drift tasks whose held-out
+    rows the original answers under the accuracy floor, with its accuracy there (judged all the
+    same; a note says their loss can hardly show)."""
     losses = {**(entry.losses or {}), **eval_losses}
     step = ChainStep(entry.recipe, entry.avg_bits, entry.checkpoint, "kept", False, entry.size_ratio)
     step.losses = losses
     step.kl_losses = dict(entry.kl_losses or {})
     if entry.ok and entry.losses is not None:
         step.unmeasured = sorted(tasks - set(entry.losses))
-    gated = {task: loss for task, loss in losses.items() if task not in ungated}
-    if gated:
-        step.worst_task = max(gated, key=gated.__getitem__)
-        step.worst_loss = gated[step.worst_task]
+    if losses:
+        step.worst_task = max(losses, key=losses.__getitem__)
+        step.worst_loss = losses[step.worst_task]
     if not entry.ok:
         step.verdict = entry.status if entry.status == "error" else "failed"
         step.detail = "; ".join(entry.reasons)
@@ -452,9 +462,8 @@ def _judge(
         )
     elif not losses:
         step.detail = "loss not measured (no --calib and no --eval-tasks)"
-    if ungated & set(losses):
-        shown = ", ".join(sorted(ungated & set(losses)))
-        note = f"not judged (the original answers their held-out rows under the floor): {shown}"
+    for task in sorted(set(below_floor or {}) & set(losses)):
+        note = below_floor_note(task, below_floor[task])
         step.detail = f"{step.detail}; {note}" if step.detail else note
     if entry.text_scope_samples:
         note = (
@@ -463,6 +472,10 @@ def _judge(
         )
         step.detail = f"{step.detail}; {note}" if step.detail else note
     return step
+
+
+def below_floor_note(task: str, accuracy: float) -> str:
+    return f"the original answers {task}'s held-out rows at {accuracy:.2g}: its loss can hardly show"
 
 
 def _library_failure(error: Exception) -> tuple[str, str]:
@@ -608,7 +621,19 @@ def build_checkpoints(
     )
     run.report.eval_tasks = eval_names
     run.report.requested = [target.name for target in chosen]
-    run.held_out_tasks()  # no held-out sample left: bad input (exit 2) before any quantize
+    try:
+        run.held_out_tasks()  # no held-out sample left: bad input (exit 2) before any quantize
+    except _TargetFailed as failed:  # no target can be judged: each fails with the error (exit 1)
+        for target in chosen:
+            budget = target.max_loss if max_loss is None else max_loss
+            failed_target = TargetBuild(
+                target.name, budget, "failed", error=failed.reason, traceback=failed.trace
+            )
+            run.report.targets.append(failed_target)
+            if on_target:
+                on_target(failed_target)
+        run.save()
+        return run.report
     for target in chosen:
         built = run.build_target(target, target.max_loss if max_loss is None else max_loss)
         run.report.targets.append(built)
@@ -744,12 +769,11 @@ class _Run:
             result.notes.append(f"{recipe_name} not tried: it calibrates on data and no --calib was given")
             return None
         entry, cached = self.candidate(recipe_name, bits, result.name)
-        self.held_out_tasks()
-        ungated = self.held_out.not_judged if self.held_out is not None else set()
+        below = self.below_floor()
         try:
-            step = _judge(entry, max_loss, self.eval_losses(entry), self.set_tasks, ungated)
+            step = _judge(entry, max_loss, self.eval_losses(entry), self.set_tasks, below)
         except _TargetFailed as failed:  # no candidate can be judged: the target fails here
-            step = _judge(entry, max_loss, {}, self.set_tasks, ungated)
+            step = _judge(entry, max_loss, {}, self.set_tasks, below)
             step.verdict, step.detail = "error", failed.reason
             result.error, result.traceback = failed.reason, failed.trace
         step.cached, step.why, step.predicted_bytes = cached, why, predicted
@@ -759,6 +783,14 @@ class _Run:
         if step.verdict == "kept":
             result.status, result.checkpoint = "passed", entry.checkpoint
         return step
+
+    def below_floor(self) -> dict[str, float]:
+        """The tasks whose held-out rows the original answers under the floor, with its best there."""
+        self.held_out_tasks()
+        if self.held_out is None:
+            return {}
+        best = self.held_out.best()
+        return {task: best[task] for task in self.held_out.below_floor}
 
     def predicted_bytes(self, recipe_name: str, bits: float | None) -> int | None:
         """The checkpoint size quantize's plan predicts from the config. None: the plan refuses the
@@ -805,6 +837,8 @@ class _Run:
             if target not in entry.targets:
                 entry.targets.append(target)
             return entry, True
+        self.held_out_tasks()  # the rows it is measured on: part of its key
+        digest = self.held_out.digest() if self.held_out is not None else None
         key = build_key(
             self.model_hash,
             self.calib_hash,
@@ -813,8 +847,11 @@ class _Run:
             self.vllm,
             avg_bits=avg_bits,
             drift_samples=self.drift_samples,
+            held_out=digest,
         )
-        entry = CheckpointBuild([target], recipe.name, str(checkpoint), "error", key, avg_bits=avg_bits)
+        entry = CheckpointBuild(
+            [target], recipe.name, str(checkpoint), "error", key, avg_bits=avg_bits, held_out=digest
+        )
         before = self.previous.get(str(checkpoint))
         verified = None
         cached = not self.force and _up_to_date(before, key, checkpoint)
@@ -859,7 +896,8 @@ class _Run:
     def held_out_tasks(self) -> set[str]:
         """The tasks of the rows no candidate calibrates on (of modalities the model takes): the
         drift samples cover each of them ({} without --calib). Raises InputError when none is
-        left, before anything is quantized."""
+        left, before anything is quantized, and _TargetFailed when a library's error fails
+        choosing the rows (the original's forward): no target can be judged."""
         if self.calib is None:
             return set()
         if self.tasks is None:
@@ -876,15 +914,23 @@ class _Run:
                 seed=0,
                 kinds=kinds,
             )
-            self.tasks = {row["task"] for row in rows}
-            # Every candidate is judged on the same rows: those the original answers best.
-            self.held_out = choose_held_out_rows(
-                self.model_dir,
-                self.calib,
-                exclude_ids=set(self._samples().info["sample_ids"]),
-                count=max(self.drift_samples, len(self.tasks)),
-            )
+            tasks = {row["task"] for row in rows}
+            # Every candidate is judged on the same rows (LOSS_DEFINITION).
+            try:
+                self.held_out = choose_held_out_rows(
+                    self.model_dir,
+                    self.calib,
+                    exclude_ids=set(self._samples().info["sample_ids"]),
+                    count=max(self.drift_samples, len(tasks)),
+                )
+            except QuantkitError:
+                raise
+            except Exception as error:  # a library's: as in _quantize_and_verify (out of memory raised)
+                message, trace = _library_failure(error)
+                reason = f"choosing the held-out rows (the original's forward): {message}"
+                raise _TargetFailed(reason, trace) from error
             self.report.held_out = self.held_out.to_dict()
+            self.tasks = tasks
         return self.tasks
 
     def _quantize_and_verify(self, entry: CheckpointBuild, recipe, checkpoint: Path, avg_bits: float | None):

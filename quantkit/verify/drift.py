@@ -10,12 +10,14 @@ accuracy is scored on; ANSWER_SCOPE), `quantkit build`'s per-task loss, and the 
 original's entropy there.
 
 The build judges every candidate on the same rows, chosen once (``choose_held_out_rows``): of a
-few held-out candidates per task, those the original answers best (its expected answer-token
-accuracy); a task whose best row the original answers under ACCURACY_FLOOR shows its loss, ungated.
+few held-out candidates per task, those the original answers at ACCURACY_FLOOR or more (its expected
+answer-token accuracy), picked keeping their strata; a task none of whose candidates reaches the
+floor is judged on its best one and listed ``below_floor`` (its loss can hardly show).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from collections import defaultdict
@@ -41,10 +43,10 @@ MIN_GROUP_POSITIONS = 256
 # position whose next token is text (not an image / video / audio placeholder).
 ANSWER_SCOPE = "answer"
 TEXT_SCOPE = "text (no answer tokens)"
-# choose_held_out_rows: how many held-out rows of a task are ranked (drawn keeping the task's
-# strata), and the original's expected answer-token accuracy under which a task's loss is shown
-# but not judged (a task the original cannot answer has nothing to lose; `quantkit eval` does not
-# judge recovery on a task the original scores 0 on either).
+# choose_held_out_rows: how many held-out rows of a task are candidates (drawn keeping the task's
+# strata), and the original's expected answer-token accuracy a candidate needs to be picked (on a
+# row the original answers at 0.04, a loss in points is bounded by 4: it can hardly show). A task
+# none of whose candidates reaches it is still judged, on its best, and listed below_floor.
 CANDIDATES_PER_TASK = 4
 ACCURACY_FLOOR = 0.2
 
@@ -291,12 +293,12 @@ def held_out_rows(
 @dataclass
 class HeldOutRow:
     """A chosen held-out row: the original's expected answer-token accuracy on it (mean over its
-    loss positions of p_original(reference next token)) and that of every candidate ranked."""
+    loss positions of p_original(reference next token)) and that of every candidate of its task."""
 
     id: str
     task: str
     original_accuracy: float
-    candidates: dict[str, float] = field(default_factory=dict)  # id -> accuracy, the task's ranked
+    candidates: dict[str, float] = field(default_factory=dict)  # id -> accuracy, the task's drawn
 
 
 @dataclass
@@ -307,10 +309,15 @@ class HeldOutChoice:
     floor: float
     per_task: int
     seed: int
+    below_floor: list[str] = field(default_factory=list)  # tasks no candidate of which reached the floor
 
     @property
     def ids(self) -> list[str]:
         return [row.id for row in self.rows]
+
+    def digest(self) -> str:
+        """A hash of the chosen ids (build.py's cache key: losses measured on other rows are stale)."""
+        return hashlib.sha256(json.dumps(self.ids).encode()).hexdigest()[:16]
 
     def best(self) -> dict[str, float]:
         """Per task, the original's accuracy on its best chosen row."""
@@ -319,22 +326,39 @@ class HeldOutChoice:
             found[row.task] = max(found.get(row.task, 0.0), row.original_accuracy)
         return found
 
-    @property
-    def not_judged(self) -> set[str]:
-        """Tasks whose best chosen row the original answers under ``floor``: loss shown, not gated."""
-        return {task for task, accuracy in self.best().items() if accuracy < self.floor}
-
     def to_dict(self) -> dict:
         return {
             "rule": (
                 f"per task, up to {self.per_task} held-out rows drawn keeping its strata (seed "
-                f"{self.seed}) ranked by the original's expected answer-token accuracy, the best "
-                f"kept; a task whose best is under {self.floor} is not judged (loss shown, not gated)"
+                f"{self.seed}); of those the original answers at an expected answer-token accuracy "
+                f">= {self.floor}, the task's share picked keeping their strata (seed {self.seed}); "
+                "a task none of whose rows reaches it is judged on its best and listed below_floor"
             ),
             "floor": self.floor,
-            "rows": [{**asdict(row), "judged": row.task not in self.not_judged} for row in self.rows],
-            "not_judged": sorted(self.not_judged),
+            "ids_sha256": self.digest(),
+            "rows": [asdict(row) for row in self.rows],
+            "below_floor": list(self.below_floor),
         }
+
+
+def original_accuracy(model, processor, row: dict, media_ids: set[int]) -> float:
+    """The original's expected answer-token accuracy on ``row``: the mean over its loss positions
+    of the probability it gives the reference next token."""
+    prepared = _row_inputs(processor, row, media_ids)
+    with torch.no_grad():
+        logp = torch.log_softmax(model(**prepared.inputs).logits[0].float(), dim=-1)
+    positions = max(int(prepared.mask.sum()), 1)
+    return _reference_probability(logp, prepared.mask, prepared.next_ids) / positions
+
+
+def _pick(drawn: list[dict], accuracy: dict[str, float], share: int, floor: float, seed: int) -> list[str]:
+    """Of a task's drawn candidates, ``share`` ids: those at ``floor`` or more picked keeping their
+    strata (not the most confident: that would favour easy rows), topped up (too few reach it)
+    with the best of the others."""
+    kept = [row for row in drawn if accuracy[row["id"]] >= floor]
+    picked = [kept[i]["id"] for i in stratified_subsample([row["stratum"] for row in kept], share, seed=seed)]
+    rest = sorted((row["id"] for row in drawn if accuracy[row["id"]] < floor), key=lambda i: -accuracy[i])
+    return picked + rest[: share - len(picked)]
 
 
 def choose_held_out_rows(
@@ -349,12 +373,13 @@ def choose_held_out_rows(
 ) -> HeldOutChoice:
     """The held-out rows (not in ``exclude_ids``, of modalities the model takes) to judge
     candidates on: ``count`` split over the tasks as ``held_out_rows(by="task")`` splits it (one
-    row of every task while ``count`` allows), each task's share the best-answered by the original
-    (``reference``) of up to ``max(per_task, share)`` of its rows drawn keeping their strata.
-    ``floor``: default ACCURACY_FLOOR."""
+    row of every task while ``count`` allows); each task's share picked (``_pick``) from up to
+    ``max(per_task, share)`` of its rows drawn keeping their strata, scored by the original
+    (``reference``, ``original_accuracy``). ``floor``: default ACCURACY_FLOOR."""
     from quantkit.models.adapters import adapter_for
     from quantkit.quantize.run import saved_dtype
 
+    floor = ACCURACY_FLOOR if floor is None else floor
     reference = Path(reference)
     adapter = adapter_for(reference)
     processor = adapter.load_processor(reference)
@@ -365,22 +390,21 @@ def choose_held_out_rows(
         shares[rows[i]["task"]] += 1
     model = adapter.load_model(reference, dtype=saved_dtype(reference))
     media_ids = _media_ids(model)
-    chosen = []
+    chosen, below = [], []
     for task in sorted(shares):
         of_task = [row for row in rows if row["task"] == task]
-        drawn = stratified_subsample(
-            [row["stratum"] for row in of_task], max(per_task, shares[task]), seed=seed
-        )
-        accuracy = {}
-        for row in (of_task[i] for i in drawn):
-            prepared = _row_inputs(processor, row, media_ids)
-            with torch.no_grad():
-                logp = torch.log_softmax(model(**prepared.inputs).logits[0].float(), dim=-1)
-            positions = max(int(prepared.mask.sum()), 1)
-            accuracy[row["id"]] = _reference_probability(logp, prepared.mask, prepared.next_ids) / positions
-        ranked = sorted(accuracy, key=lambda i: -accuracy[i])  # stable: ties keep the drawn order
-        chosen += [HeldOutRow(i, task, accuracy[i], dict(accuracy)) for i in ranked[: shares[task]]]
-    return HeldOutChoice(chosen, ACCURACY_FLOOR if floor is None else floor, per_task, seed)
+        drawn = [
+            of_task[i]
+            for i in stratified_subsample(
+                [row["stratum"] for row in of_task], max(per_task, shares[task]), seed=seed
+            )
+        ]
+        accuracy = {row["id"]: original_accuracy(model, processor, row, media_ids) for row in drawn}
+        if max(accuracy.values()) < floor:
+            below.append(task)
+        picked = _pick(drawn, accuracy, shares[task], floor, seed)
+        chosen += [HeldOutRow(i, task, accuracy[i], dict(accuracy)) for i in picked]
+    return HeldOutChoice(chosen, floor, per_task, seed, below)
 
 
 def _rows_by_id(calib: Path, ids: list[str], exclude_ids: set[str]) -> list[dict]:
