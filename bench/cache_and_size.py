@@ -47,7 +47,7 @@ def child(model_dir: str, samples_json: str, cache_dir: str, out_root: str, reci
     build`` does; audit each checkpoint."""
     from _shared import load_samples
 
-    import quantkit.quantize.run as run
+    import quantkit.features.processor as processor_stage
     from quantkit.models.adapters import Adapter
     from quantkit.quantize import quantize
     from quantkit.recipes import resolve_recipe
@@ -65,7 +65,8 @@ def child(model_dir: str, samples_json: str, cache_dir: str, out_root: str, reci
 
         return wrapper
 
-    run.prepare_features = timed(run.prepare_features, "features")  # the cache's own share
+    # the cache's own share, where the quantize stage looks it up
+    processor_stage.prepare_features = timed(processor_stage.prepare_features, "features")
     Adapter.load_processor = timed(Adapter.load_processor, "processor")  # the rest of the stage
     samples, labels = load_samples(Path(samples_json))
     results = []

@@ -213,7 +213,14 @@ def render(
         f"| (the library's `save_pretrained` inside quantkit's write, not quantkit's) | {q['library_save_s']:.3f} |",
         "",
         f"Both checkpoints hold the same int4 packed weights: {q['same_packed_weights']} "
-        f"({q['packed_tensors']} tensors), i.e. the library did the same work in both.",
+        f"({q['packed_tensors']} tensors), "
+        + (
+            "i.e. the library did the same work in both."
+            if q["same_packed_weights"]
+            else "so the two runs did not compute the same thing (quantkit calibrates the decoder alone "
+            "on captured inputs; the plain script runs the whole model): the time ratio compares "
+            "different work, to be looked into."
+        ),
         "",
         "## Feature cache (issue 7)",
         "",
