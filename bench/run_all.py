@@ -213,14 +213,24 @@ def render(
         f"| (the library's `save_pretrained` inside quantkit's write, not quantkit's) | {q['library_save_s']:.3f} |",
         "",
         f"Both checkpoints hold the same int4 packed weights: {q['same_packed_weights']} "
-        f"({q['packed_tensors']} tensors), "
+        f"({q['packed_tensors']} tensors"
         + (
-            "i.e. the library did the same work in both."
+            "), i.e. the library did the same work in both."
             if q["same_packed_weights"]
-            else "so the two runs did not compute the same thing (quantkit calibrates the decoder alone "
-            "on captured inputs; the plain script runs the whole model): the time ratio compares "
-            "different work, to be looked into."
+            else f"; {len(q.get('differing_packed', []))} differ, the first "
+            f"`{(q.get('differing_packed') or ['?'])[0]}`), so the two runs did not compute the same "
+            "thing and the time ratio compares different work: compare what GPTQ sees layer by layer."
         ),
+        "",
+        "Both calibrate layer by layer through llmcompressor's sequential pipeline (each layer on the "
+        "outputs of the already-quantized layers before it): the plain script on the whole model, quantkit "
+        "on the decoder alone, with the decoder's inputs captured once per sample. The two differed from "
+        "issue 16's capture (the towers ran under the model's own sdpa attention, the library runs every "
+        "calibration forward with eager attention: the vision tower's outputs differed in the last float32 "
+        "bit at the image and video positions, the text positions were identical, GPTQ rounded a few "
+        "layer-0 weights the other way and each later layer inherited it) until the capture ran under the "
+        "library's `calibration_forward_context`; `tests/test_capture.py` holds quantkit's int4 weights "
+        "to a plain whole-model `oneshot`'s, bit for bit.",
         "",
         "## Feature cache (issue 7)",
         "",

@@ -35,6 +35,18 @@ def test_calibrate_bench_runs_at_small_scale(tmp_path):
     assert '"selected": 200' in out.read_text(encoding="utf-8")
 
 
+def test_overhead_bench_fails_naming_a_step_that_moved():
+    """A step the quantize-overhead bench times that is gone from where it looks it up stops the
+    bench (exit 1, the step named), instead of timing it as 0 s."""
+    code = (
+        f"import sys; sys.path.insert(0, {str(BENCH)!r}); import quantkit.quantize.run as run; "
+        "del run.check_scales; import quantize_overhead; quantize_overhead._instrument({})"
+    )
+    proc = run_script("-c", code, timeout=120)
+    assert proc.returncode == 1
+    assert "quantkit.quantize.run.check_scales" in proc.stderr and "moved on" in proc.stderr
+
+
 def test_gpu_bench_skips_without_cuda():
     import torch
 
