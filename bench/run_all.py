@@ -300,6 +300,18 @@ def render(
     return "\n".join(lines)
 
 
+def with_other_sections(text: str, path: Path) -> str:
+    """``text`` followed by every section of the RESULTS.md at ``path`` that run_all does not
+    write (the start-up, memory-plan, token-weight and skills benches write their own), as they
+    are: rewriting the file must not erase another bench's figures."""
+    if not path.is_file():
+        return text
+    mine = {line for line in text.splitlines() if line.startswith("## ")}
+    theirs = [line for line in path.read_text(encoding="utf-8").splitlines() if line.startswith("## ")]
+    kept = [f"{heading}\n\n{read_section(path, heading)}\n" for heading in theirs if heading not in mine]
+    return "\n".join([text.rstrip("\n") + "\n", *kept])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, default=BENCH / "RESULTS.md")
@@ -317,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             d["calibrate"], d["quantize"], d["cache_and_size"], d["gpu"],
             read_section(args.output, REAL_WEIGHTS_HEADING),
         )  # fmt: skip
-        args.output.write_text(text, encoding="utf-8")
+        args.output.write_text(with_other_sections(text, args.output), encoding="utf-8")
         return 0
     records, size, repeats, samples = (100_000, 5000, 5, 8) if not args.quick else (5000, 500, 1, 2)
     started_at = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -341,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - started
     real_weights = read_section(args.output, REAL_WEIGHTS_HEADING)  # a separate, longer bench
     text = render(m, v, started_at, wall, (load_before, load()), c, q, s, gpu, real_weights)
-    args.output.write_text(text, encoding="utf-8")
+    args.output.write_text(with_other_sections(text, args.output), encoding="utf-8")
     if args.json:
         payload = {
             "machine": m,

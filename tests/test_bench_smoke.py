@@ -95,6 +95,20 @@ def bench_module(name: str):
         sys.path.remove(str(BENCH))
 
 
+def test_run_all_keeps_the_sections_other_benches_wrote(tmp_path):
+    """run_all rewrites RESULTS.md whole; the sections other benches wrote (start-up, memory plan,
+    token weights) stay, its own are replaced."""
+    run_all = bench_module("run_all")
+    results = tmp_path / "RESULTS.md"
+    results.write_text(
+        "# Benchmark results\n\n## Calibrate (issue 3)\n\nold 3.90\n\n"
+        "## Start-up and dry run (issue 16)\n\n| quantkit --help | 0.8 s |\n\n## Memory plan (issue 16)\n\n0.95\n"
+    )
+    text = run_all.with_other_sections("# Benchmark results\n\n## Calibrate (issue 3)\n\nnew 3.10\n", results)
+    assert "new 3.10" in text and "old 3.90" not in text and text.count("## Calibrate") == 1
+    assert "| quantkit --help | 0.8 s |" in text and "## Memory plan (issue 16)\n\n0.95" in text
+
+
 def test_source_hash_follows_the_files_that_made_a_row(tmp_path):
     """A cached real-weights row is keyed by the quantkit files its process had loaded: a change
     to one of them changes the key, a change elsewhere (or to documentation) does not."""
