@@ -3,8 +3,10 @@
 Same tiny zoo model, same calibration samples turned into the same processor inputs
 (``quantkit.models.inputs.processor_inputs``), same recipe (GPTQ W4A16 with zero points, group 128, actorder
 static, dampening 0.01), same targets ("Linear" minus quantkit's ignore list), same pipeline
-(llmcompressor's ``independent`` with the decoder layer as sequential target), both in float32
-and both loading the model, calibrating and saving a compressed checkpoint. Run alternately,
+(llmcompressor's ``sequential``, layer by layer at the decoder-layer class: the plain script through
+``independent`` on the whole model, quantkit on the decoder alone with inputs captured once under
+the library's calibration forward), both in float32 and both loading the model, calibrating and
+saving a compressed checkpoint. Run alternately,
 A B A B ..., each in a fresh interpreter:
 
   A  quantkit.quantize.quantize(model, out, resolve_recipe("w4a16"), samples)  (no feature cache)
@@ -13,7 +15,10 @@ A B A B ..., each in a fresh interpreter:
 Reports the median wall time of whole processes and of the work after imports, the ratio A/B
 (goal <= 1.05), peak RSS of each, and where quantkit's extra time goes (its checks, timed inside
 run A: hooks, target planning, module and scale checks, the cast back, content hashes,
-metadata, atomic write). The two checkpoints' packed weights are compared as a fairness check.
+metadata, atomic write). The two checkpoints' packed weights are compared as a fairness check:
+the same work gives the same int4 weights, bit for bit; where they differ the report names the
+first differing tensor (the layer where the runs parted). A timed step that is gone from where
+the bench looks it up stops the bench (exit 1, the step named) rather than reading as 0 s.
 
     .venv/bin/python bench/quantize_overhead.py [--samples 8] [--repeats 3] [--workdir DIR] [--json OUT]
 """
@@ -119,16 +124,36 @@ def child_plain(model_dir: str, samples_json: str, plan_json: str, output: str) 
     return {"import_s": imported - STARTED, "work_s": done - imported, "peak_rss_mb": peak_rss_mb()}
 
 
+class MovedOn(SystemExit):
+    """A step the bench times is no longer where it looks it up: its figure would silently be 0."""
+
+    def __init__(self, missing: list[str]) -> None:
+        super().__init__(
+            "bench/quantize_overhead.py: quantkit's code moved on, these steps are gone from where "
+            f"the bench times them: {', '.join(missing)}. Point _instrument at where they live now "
+            "(or drop the bucket) before reading the overhead figures."
+        )
+        self.missing = missing
+
+
 def _instrument(spent: dict[str, float]) -> None:
-    """Time quantkit's own steps inside ``quantize`` by wrapping them where it looks them up."""
+    """Time quantkit's own steps inside ``quantize`` by wrapping them where it looks them up.
+    Raises :class:`MovedOn` (exit status 1, the names in its message) when one is gone."""
     import quantkit.export as export
     import quantkit.quantize.features as features
     import quantkit.quantize.run as run
     from quantkit.quantize.probe import CalibrationProbe
 
+    missing: list[str] = []
+
     def wrap(module, name: str, bucket: str) -> None:
         original = getattr(module, name, None)
-        if original is None:  # the code moved on: time what is still there
+        if original is None:
+            missing.append(
+                f"{getattr(module, '__module__', '')}.{module.__qualname__}.{name}"
+                if isinstance(module, type)
+                else f"{module.__name__}.{name}"
+            )
             return
 
         def timed(*args, **kwargs):
@@ -158,7 +183,9 @@ def _instrument(spent: dict[str, float]) -> None:
         wrap(export, name, "ignore cover, sidecars, quantkit.json, model card")
     wrap(run, "write_checkpoint", "_write_checkpoint")
     original_atomic = getattr(run, "atomic_output_dir", None)
-    if original_atomic is not None:
+    if original_atomic is None:
+        missing.append(f"{run.__name__}.atomic_output_dir")
+    else:
 
         @contextmanager
         def atomic_output_dir(*args, **kwargs):  # time its setup and its final rename, not the body
@@ -180,7 +207,11 @@ def _instrument(spent: dict[str, float]) -> None:
     wrap(CalibrationProbe, "verify", "calibration hooks (count, verify)")
     wrap(CalibrationProbe, "__enter__", "calibration hooks (count, verify)")
     wrap(CalibrationProbe, "__exit__", "calibration hooks (count, verify)")
-    original_hook = CalibrationProbe._hook
+    original_hook = getattr(CalibrationProbe, "_hook", None)
+    if original_hook is None:
+        missing.append(f"{CalibrationProbe.__module__}.CalibrationProbe._hook")
+    if missing:
+        raise MovedOn(missing)
 
     def _hook(self, name, is_layer):
         inner = original_hook(self, name, is_layer)
@@ -230,8 +261,9 @@ def child_quantkit(model_dir: str, samples_json: str, output: str, cache_dir: st
 # --- the comparison ---------------------------------------------------------------------------
 
 
-def packed_weights_equal(a: Path, b: Path) -> tuple[bool, int]:
-    """Whether both checkpoints hold the same int4 packed weights (same GPTQ work), and how many."""
+def packed_weights_equal(a: Path, b: Path) -> tuple[bool, int, list[str]]:
+    """Whether both checkpoints hold the same int4 packed weights (same GPTQ work), how many, and
+    which differ (in name order: the first names the layer where the two runs parted)."""
     from safetensors import safe_open
 
     def packed(folder: Path) -> dict:
@@ -244,8 +276,12 @@ def packed_weights_equal(a: Path, b: Path) -> tuple[bool, int]:
         return tensors
 
     left, right = packed(a), packed(b)
-    same = left.keys() == right.keys() and all(bool((left[k] == right[k]).all()) for k in left)
-    return same, len(left)
+    differ = sorted(
+        k
+        for k in left.keys() | right.keys()
+        if k not in left or k not in right or not bool((left[k] == right[k]).all())
+    )
+    return not differ, len(left), differ
 
 
 def run(samples: int, repeats: int, workdir: Path) -> dict:
@@ -261,7 +297,7 @@ def run(samples: int, repeats: int, workdir: Path) -> dict:
         runs["plain"].append(
             run_child(here, "plain", str(model_dir), str(samples_json), str(plan_json), str(out_b))
         )
-    same, packed = packed_weights_equal(workdir / "out-quantkit-0", workdir / "out-plain-0")
+    same, packed, differ = packed_weights_equal(workdir / "out-quantkit-0", workdir / "out-plain-0")
 
     def med(kind: str, key: str) -> float:
         return median(r[key] for r in runs[kind])
@@ -302,6 +338,7 @@ def run(samples: int, repeats: int, workdir: Path) -> dict:
         "library_save_s": round(library_save, 2),
         "same_packed_weights": same,
         "packed_tensors": packed,
+        "differing_packed": differ,
         "goal_met": qk_wall / plain_wall <= GOAL_RATIO,
     }
 
@@ -320,7 +357,12 @@ def report(r: dict) -> str:
         f"quantkit's own steps, {r['quantkit_checks_total_s']:.2f} s in all: "
         + ", ".join(f"{k} {v:.3f} s" for k, v in r["quantkit_checks_s"].items()),
         f"the library's save_pretrained inside quantkit's write: {r['library_save_s']:.2f} s",
-        f"same int4 packed weights in both checkpoints: {r['same_packed_weights']} ({r['packed_tensors']} tensors)",
+        f"same int4 packed weights in both checkpoints: {r['same_packed_weights']} ({r['packed_tensors']} tensors"
+        + (
+            f"; {len(r['differing_packed'])} differ, the first {r['differing_packed'][0]})"
+            if r["differing_packed"]
+            else ")"
+        ),
         f"goal wall ratio <= {GOAL_RATIO}: {'met' if r['goal_met'] else 'NOT met'}",
     ]
     return "\n".join(lines)

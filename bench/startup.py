@@ -6,7 +6,8 @@ under ``-X importtime``; not timed). The rows:
 
 - ``python -c pass``: the interpreter's own floor;
 - ``quantkit --help`` and each command's ``--help``: what every CLI call pays before its work
-  (the Typer app imports the stage modules lazily, inside the commands);
+  (the Typer app imports the stage modules lazily, inside the commands, and the entry point
+  builds only the command it runs);
 - ``quantize --dry-run`` (fp8-dynamic: data-free, so no calibration set) on the config-only
   folders of bench/configs (the real shapes of Qwen2.5-Omni-7B, Qwen3-Omni-30B-A3B, Qwen3-VL-8B,
   Qwen2.5-VL-72B); the w4a16 plan of those folders, with its precision guard, is what

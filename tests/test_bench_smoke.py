@@ -35,6 +35,18 @@ def test_calibrate_bench_runs_at_small_scale(tmp_path):
     assert '"selected": 200' in out.read_text(encoding="utf-8")
 
 
+def test_overhead_bench_fails_naming_a_step_that_moved():
+    """A step the quantize-overhead bench times that is gone from where it looks it up stops the
+    bench (exit 1, the step named), instead of timing it as 0 s."""
+    code = (
+        f"import sys; sys.path.insert(0, {str(BENCH)!r}); import quantkit.quantize.run as run; "
+        "del run.check_scales; import quantize_overhead; quantize_overhead._instrument({})"
+    )
+    proc = run_script("-c", code, timeout=120)
+    assert proc.returncode == 1
+    assert "quantkit.quantize.run.check_scales" in proc.stderr and "moved on" in proc.stderr
+
+
 def test_gpu_bench_skips_without_cuda():
     import torch
 
@@ -81,6 +93,20 @@ def bench_module(name: str):
         return __import__(name)
     finally:
         sys.path.remove(str(BENCH))
+
+
+def test_run_all_keeps_the_sections_other_benches_wrote(tmp_path):
+    """run_all rewrites RESULTS.md whole; the sections other benches wrote (start-up, memory plan,
+    token weights) stay, its own are replaced."""
+    run_all = bench_module("run_all")
+    results = tmp_path / "RESULTS.md"
+    results.write_text(
+        "# Benchmark results\n\n## Calibrate (issue 3)\n\nold 3.90\n\n"
+        "## Start-up and dry run (issue 16)\n\n| quantkit --help | 0.8 s |\n\n## Memory plan (issue 16)\n\n0.95\n"
+    )
+    text = run_all.with_other_sections("# Benchmark results\n\n## Calibrate (issue 3)\n\nnew 3.10\n", results)
+    assert "new 3.10" in text and "old 3.90" not in text and text.count("## Calibrate") == 1
+    assert "| quantkit --help | 0.8 s |" in text and "## Memory plan (issue 16)\n\n0.95" in text
 
 
 def test_source_hash_follows_the_files_that_made_a_row(tmp_path):

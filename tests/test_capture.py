@@ -16,6 +16,7 @@ from PIL import Image
 
 from quantkit.models import adapter_for
 from quantkit.models.inputs import Sample
+from quantkit.models.targets import resolve_targets
 from quantkit.quantize import quantize
 from quantkit.quantize.capture import capture_decoder_inputs, uniform_kwargs
 from quantkit.quantize.features import prepare_features, processor_fingerprint
@@ -75,7 +76,10 @@ def _features(model_dir: Path, samples, labels):
 def test_replaying_captured_inputs_through_the_decoder_gives_the_full_models_logits(zoo_model, media, name):
     """What calibration sees is what the model computes: the decoder alone on its captured
     inputs (text samples given the neutral values that Qwen3-VL's image samples carry) and the
-    head give the full model's logits, in float32, to the last bit."""
+    head give the full model's logits, in float32, to the last bit, both run as the library's
+    calibration forwards run (eager attention)."""
+    from llmcompressor.utils.helpers import use_eager_attention
+
     model_dir = zoo_model(name)
     samples, labels = samples_for(name, media)
     adapter, _, prepared = _features(model_dir, samples, labels)
@@ -89,7 +93,7 @@ def test_replaying_captured_inputs_through_the_decoder_gives_the_full_models_log
     replays = uniform_kwargs(captured.rows)
     assert len({frozenset(kwargs) for kwargs in replays}) == 1  # one signature: one traced graph
     for row, kwargs in zip(prepared.rows, replays, strict=True):
-        with torch.no_grad():
+        with torch.no_grad(), use_eager_attention(model), use_eager_attention(decoder):
             full = model(**{k: v for k, v in row.inputs.items() if not isinstance(v, bool) or v}).logits
             replayed = head(decoder(**kwargs).last_hidden_state)
         assert torch.equal(full, replayed), row.label
@@ -161,3 +165,68 @@ def test_the_cache_follows_the_towers_weights(zoo_model, media, tmp_path):
     changed = capture()
     assert (changed.captured, changed.cache_hits) == (len(samples), 0)
     assert changed.towers_hash != first.towers_hash
+
+
+def _packed_weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    tensors = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as handle:
+            for key in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if key.endswith("weight_packed"):
+                    tensors[key] = handle.get_tensor(key)
+    return tensors
+
+
+def test_quantize_gives_the_int4_weights_llmcompressor_gives_on_the_whole_model(zoo_model, media, tmp_path):
+    """quantkit calibrates the decoder alone on captured inputs; llmcompressor's own oneshot on the
+    whole model (its ``independent`` pipeline, sequential at the decoder layer, every calibration
+    forward under the library's eager attention) must give the same int4 weights, bit for bit.
+    Capturing the towers under the model's own attention (sdpa) moved their outputs by the last
+    float32 bit, enough for GPTQ to round some weights of layer 0 the other way, and sequential
+    calibration carried that into every later layer."""
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import GPTQModifier
+    from torch.utils.data import DataLoader
+
+    from quantkit.models.inputs import processor_inputs
+    from quantkit.recipes.modifiers import preset_name
+
+    name = "tiny-qwen3-vl"
+    model_dir = zoo_model(name)
+    chosen = [(s, label) for s, label in zip(*samples_for(name, media), strict=True) if label != "text"]
+    samples, labels = [s for s, _ in chosen], [label for _, label in chosen]
+    recipe = get_recipe("w4a16")
+    ours = quantize(model_dir, tmp_path / "quantkit", recipe, samples, sample_labels=labels, progress=False)
+
+    adapter = adapter_for(model_dir)
+    processor = adapter.load_processor(model_dir)
+    inputs = [processor_inputs(processor, sample) for sample in samples]
+    keys = sorted(set().union(*inputs))
+    loader = DataLoader(inputs, batch_size=1, collate_fn=lambda batch: {k: batch[0].get(k) for k in keys})
+    model = adapter.load_model(model_dir, dtype=torch.float32)
+    targets = resolve_targets(model, adapter)
+    modifier = GPTQModifier(
+        scheme=preset_name(recipe),
+        targets=targets.targets,
+        ignore=targets.ignore,
+        actorder=recipe.actorder,
+        dampening_frac=recipe.dampening_frac,
+    )
+    oneshot(
+        model=model,
+        processor=processor,
+        dataset=loader,
+        recipe=modifier,
+        pipeline="independent",
+        sequential_targets=[adapter.decoder_layer],
+        num_calibration_samples=len(inputs),
+        shuffle_calibration_samples=False,
+    )
+    model.save_pretrained(tmp_path / "plain", save_compressed=True)
+
+    mine, theirs = _packed_weights(ours.output), _packed_weights(tmp_path / "plain")
+    assert mine and mine.keys() == theirs.keys()
+    differ = [key for key in sorted(mine) if not torch.equal(mine[key], theirs[key])]
+    assert not differ, f"{len(differ)} of {len(mine)} packed weights differ, the first {differ[0]}"

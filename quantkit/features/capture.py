@@ -9,7 +9,10 @@ captured inputs go into the feature cache, keyed by the sample, the processor's 
 of every weight outside the decoder layers (towers, projectors, embeddings), so a second recipe
 reads them and runs no tower. Calibration then runs the decoder alone through llmcompressor's
 sequential pipeline (:mod:`quantkit.quantize.pipelines`); replaying the captured kwargs through
-the decoder gives the full model's hidden states exactly.
+the decoder gives the full model's hidden states exactly. The capture runs under llmcompressor's
+``calibration_forward_context`` (eager attention), as the library runs every calibration forward:
+under the model's own attention (sdpa) the towers' outputs differ in the last float32 bit, enough
+for GPTQ to round some layer-0 weights the other way and, layer by layer, for every later one.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from quantkit.features.processor import FeatureRow, collate_one, load_entry, sto
 from quantkit.models.adapters import Adapter, matches_any
 
 # Bump when what is captured for the same model and sample changes.
-CAPTURE_VERSION = 1
+CAPTURE_VERSION = 2  # 2: towers run under the library's calibration forward (eager attention)
 CACHE_SUBDIR = "decoder-inputs"
 
 
@@ -111,15 +114,18 @@ def sequence_length(kwargs: dict) -> int:
 
 
 def capture_one(model: torch.nn.Module, decoder: torch.nn.Module, inputs: dict) -> dict:
-    """Run ``model(**inputs)`` up to ``decoder`` and return the decoder's keyword arguments."""
+    """Run ``model(**inputs)`` up to ``decoder``, as llmcompressor runs a calibration forward,
+    and return the decoder's keyword arguments."""
     names = list(inspect.signature(decoder.forward).parameters)
 
     def stop(_module, args, kwargs):
         raise _Captured(clean_kwargs({**dict(zip(names, args, strict=False)), **kwargs}))
 
+    from llmcompressor.utils.helpers import calibration_forward_context
+
     handle = decoder.register_forward_pre_hook(stop, with_kwargs=True)
     try:
-        with torch.no_grad():
+        with calibration_forward_context(model):
             model(**inputs)
     except _Captured as captured:
         return captured.kwargs
