@@ -3,10 +3,14 @@ experts unfused into per-expert Linears (on real weights or on the meta device).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 from pathlib import Path
 
 import torch
+
+GENERATION = "transformers.generation.candidate_generator"
 
 
 def saved_dtype(model_dir: Path) -> torch.dtype:
@@ -80,3 +84,38 @@ def unfuse_experts_on_meta(model: torch.nn.Module) -> None:
     with torch.device("meta"), no_init_weights():
         for name, module in [(n, m) for n, m in model.named_modules() if type(m) in fused]:
             model.set_submodule(name, fused[type(module)](getattr(module, "config", model.config)))
+
+
+def _roc_curve(*args, **kwargs):
+    """scikit-learn's ``roc_curve``, imported on first use (what assisted decoding's confidence
+    threshold calls)."""
+    from sklearn.metrics import roc_curve
+
+    return roc_curve(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def generation_without_sklearn():
+    """Import transformers' generation stack (every model class inherits GenerationMixin)
+    without scikit-learn: its candidate generator imports ``sklearn.metrics.roc_curve`` at import
+    time whenever scikit-learn is installed (lm-eval needs it), 2.4 s of CPU with scipy and pandas
+    for a config-only plan that never generates. The module is imported with the check saying
+    no, then given the real check back and a ``roc_curve`` that imports scikit-learn on its first
+    call: assisted decoding behaves as before. A no-op once the module is imported."""
+    if GENERATION in sys.modules:
+        yield
+        return
+    import transformers.utils as utils
+    from transformers.utils import import_utils
+
+    real = import_utils.is_sklearn_available
+    utils.is_sklearn_available = import_utils.is_sklearn_available = lambda: False
+    try:
+        yield
+    finally:
+        utils.is_sklearn_available = import_utils.is_sklearn_available = real
+        module = sys.modules.get(GENERATION)
+        if module is not None and getattr(module, "is_sklearn_available", real) is not real:
+            module.is_sklearn_available = real
+            if real():
+                module.roc_curve = _roc_curve
