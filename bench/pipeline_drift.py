@@ -77,9 +77,9 @@ def cli(code: Path, *args: str, log: Path) -> float:
 
 
 def zoo_names() -> list[str]:
-    from quantkit.zoo.models import ZOO
+    from quantkit.zoo.models import TRAINED, ZOO
 
-    return list(ZOO)
+    return [*ZOO, *TRAINED]  # what `quantkit zoo list` lists
 
 
 def data_recipes(code: Path = ROOT) -> list[str]:
@@ -255,6 +255,18 @@ def render(rows: list[dict]) -> str:
                 f"| {_mean([s['kl'] for s in items]):.3g} | {top_old} | {_mean([s['top1'] for s in items]):.3f} "
                 f"| {judged} | {commits} |"
             )
+    verdicts = [line.split(" | ")[7].split(" (")[0] for line in lines[4:]]
+    worse = [" x ".join(line.split(" | ")[:3]).lstrip("| ") for line in lines[4:] if "**worse**" in line]
+    lines += [
+        "",
+        f"{len(rows)} pairs, {len(verdicts)} groups: "
+        + ", ".join(f"{verdicts.count(v)} {v.strip('*')}" for v in ("**worse**", "mixed", "same", "better"))
+        + (f"; worse: {'; '.join(worse)}." if worse else "; none worse."),
+    ]
+    measured = {(row["model"], row["recipe"]) for row in rows}
+    left = [f"{m} x {r}" for r in data_recipes() for m in zoo_names() if (m, r) not in measured]
+    if left:
+        lines.append(f"Not measured yet ({len(left)} pairs, left for lack of time): {', '.join(left)}.")
     return "\n".join(lines)
 
 
