@@ -185,6 +185,94 @@ def measure_pair(work: Path, base: Path, base_commit: str, new_commit: str, name
     return row
 
 
+def measure_noise(work: Path, base_commit: str, new_commit: str, name: str, recipe: str) -> dict:
+    """The seed spread: this checkout quantizes the pair again on another stratified subsample
+    (``--seed 1``); drift of the old, the new and the reseeded checkpoint on the same held-out rows
+    (none calibrated any of the three). Needs the pair measured first (its checkpoints)."""
+    model, calib = prepare_model(work, name)
+    base_out = work / "out" / "base" / name / recipe
+    new_out = work / "out" / "new" / name / recipe
+    seeded = work / "out" / "new-seed1" / name / recipe
+    if not (seeded / "quantkit.json").is_file():
+        args = ["quantize", str(model), "--recipe", recipe, "--calib", str(calib)]
+        args += ["--num-samples", str(NUM_SAMPLES), "--seed", "1", "-o", str(seeded), "--force"]
+        cli(ROOT, *args, log=work / "logs" / f"quantize-new-seed1-{name}-{recipe}.log")
+    drift = run_child(SCRIPT, "drift", str(model), str(calib), str(base_out), str(new_out), str(seeded))
+    reports = drift["reports"]
+    return {
+        "model": name,
+        "recipe": recipe,
+        "base_commit": base_commit,
+        "new_commit": new_commit,
+        "held_out_ids": drift["held_out_ids"],
+        **{
+            f"{tag}_samples": reports[str(path)]["samples"]
+            for tag, path in (("base", base_out), ("new", new_out), ("seed1", seeded))
+        },
+    }
+
+
+def render_noise(noise: list[dict]) -> list[str]:
+    lines = []
+    for row in noise:
+        base, new, seeded = (groups(row[f"{tag}_samples"]) for tag in ("base", "new", "seed1"))
+        lines += [
+            "",
+            f"Seed spread, {row['model']} x {row['recipe']} ({row['base_commit']} → {row['new_commit']}): "
+            f"the new code again on another calibration subsample (`--seed 1`), all three on the same "
+            f"{len(row['held_out_ids'])} held-out rows (none calibrated any of them):",
+            "",
+            "| modality (samples) | old → new (seed 0) | new seed 0 → new seed 1 |",
+            "|---|---|---|",
+        ]
+        for name, items in new.items():
+            lines.append(
+                f"| {name} ({len(items)}) | {verdict(base[name], items)} | {verdict(items, seeded[name])} |"
+            )
+        pipeline = [abs(paired(base["all"], new["all"], m)[0]) for m in ("kl", "top1")]
+        seed = [abs(paired(new["all"], seeded["all"], m)[0]) for m in ("kl", "top1")]
+        within = all(p <= s for p, s in zip(pipeline, seed, strict=True))
+        lines += [
+            "",
+            f"Over all rows, old → new moves KL by {pipeline[0]:.2g} and top-1 by {pipeline[1]:.3f}; "
+            f"another seed of the same code moves them by {seed[0]:.2g} and {seed[1]:.3f}: the pipeline's "
+            + ("change is within the seed spread." if within else "change is larger than the seed spread."),
+        ]
+    return lines
+
+
+def weights_differ(base: Path, new: Path) -> dict[str, float]:
+    """Per decoder layer index: the share of quantized weight elements (packed words for int4,
+    the tensors themselves otherwise) that differ between the two checkpoints."""
+    import re
+
+    from safetensors.torch import load_file
+
+    def tensors(folder: Path) -> dict:
+        found: dict = {}
+        for file in sorted(folder.glob("*.safetensors")):
+            found.update(load_file(file))
+        return found
+
+    a, b = tensors(base), tensors(new)
+    counts: dict[str, list[int]] = {}
+    for name, tensor in a.items():
+        layer = re.search(r"\.layers\.(\d+)\.", name)
+        if layer is None or not name.endswith(("weight_packed", "weight")) or name not in b:
+            continue
+        if (
+            tensor.dtype.is_floating_point
+            and not name.endswith("weight_packed")
+            and tensor.dtype.itemsize > 1
+        ):
+            continue  # a 16-bit weight is not quantized
+        other = b[name]
+        total = counts.setdefault(layer.group(1), [0, 0])
+        total[0] += int((tensor != other).sum()) if tensor.shape == other.shape else tensor.numel()
+        total[1] += tensor.numel()
+    return {layer: round(d / n, 4) for layer, (d, n) in sorted(counts.items(), key=lambda kv: int(kv[0]))}
+
+
 # ---------------------------------------------------------------------- rendering
 
 
@@ -219,7 +307,7 @@ def groups(samples: list[dict]) -> dict[str, list[dict]]:
     return found
 
 
-def render(rows: list[dict]) -> str:
+def render(rows: list[dict], noise: list[dict] | None = None) -> str:
     lines = [
         f"Rendered by `bench/pipeline_drift.py` from its measurements. Each zoo model (seed 0) x each "
         f"recipe that reads calibration data, quantized on the same calibration set (demo pool, "
@@ -257,15 +345,32 @@ def render(rows: list[dict]) -> str:
             )
     verdicts = [line.split(" | ")[7].split(" (")[0] for line in lines[4:]]
     worse = [" x ".join(line.split(" | ")[:3]).lstrip("| ") for line in lines[4:] if "**worse**" in line]
+    differ = [
+        f"{row['model']} x {row['recipe']}: "
+        + ", ".join(f"{layer} {share:.1%}" for layer, share in row["weights_differ"].items())
+        for row in rows
+        if row.get("weights_differ")
+    ]
+    if differ:
+        lines += [
+            "",
+            "Quantized weights (int4 packed words, int8 / fp8 values) that differ between the old and "
+            "the new checkpoint, by decoder layer (layer 0 sees the same hidden states in both; later "
+            "layers also see what the layers before them became):",
+            "",
+            *(f"- {line}" for line in differ),
+        ]
     lines += [
         "",
         f"{len(rows)} pairs, {len(verdicts)} groups: "
         + ", ".join(f"{verdicts.count(v)} {v.strip('*')}" for v in ("**worse**", "mixed", "same", "better"))
         + (f"; worse: {'; '.join(worse)}." if worse else "; none worse."),
     ]
+    lines += render_noise(noise or [])
     measured = {(row["model"], row["recipe"]) for row in rows}
     left = [f"{m} x {r}" for r in data_recipes() for m in zoo_names() if (m, r) not in measured]
     if left:
+        lines.append("")
         lines.append(f"Not measured yet ({len(left)} pairs, left for lack of time): {', '.join(left)}.")
     return "\n".join(lines)
 
@@ -280,6 +385,7 @@ def main() -> None:
     parser.add_argument("--models", help="comma-separated zoo names (default: every zoo model)")
     parser.add_argument("--recipes", help="comma-separated recipes (default: every data-driven recipe)")
     parser.add_argument("--render-only", action="store_true")
+    parser.add_argument("--noise", help="MODEL/RECIPE of a measured pair: also measure the seed spread there")
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--child", nargs="+")
     args = parser.parse_args()
@@ -312,9 +418,24 @@ def main() -> None:
                 continue
             print(f"{name} x {recipe}: {time.perf_counter() - started:.0f} s", flush=True)
             cache.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    rows = sorted(results.values(), key=lambda r: (r["recipe"], r["model"]))
+    if args.noise and not args.render_only:
+        name, recipe = args.noise.split("/")
+        key = f"noise/{name}/{recipe}/{base_commit}/{new_commit}"
+        if key not in results:
+            results[key] = measure_noise(args.work, base_commit, new_commit, name, recipe)
+            cache.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    noise = [row for key, row in results.items() if key.startswith("noise/")]
+    measured = [row for key, row in results.items() if not key.startswith("noise/")]
+    for row in measured:
+        base_out = args.work / "out" / "base" / row["model"] / row["recipe"]
+        new_out = args.work / "out" / "new" / row["model"] / row["recipe"]
+        if "weights_differ" not in row and "base_samples" in row and base_out.is_dir() and new_out.is_dir():
+            row["weights_differ"] = weights_differ(base_out, new_out)
+    if results:
+        cache.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    rows = sorted(measured, key=lambda r: (r["recipe"], r["model"]))
     if rows:
-        replace_section(args.results, HEADING, render(rows))
+        replace_section(args.results, HEADING, render(rows, noise))
         print(f"wrote {HEADING!r} ({len(rows)} pairs) into {args.results}")
 
 
