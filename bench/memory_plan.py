@@ -220,7 +220,8 @@ def readme_table(rows: list[dict]) -> str:
             f"| {row['model']} | {row['recipe']} | {row['model_gib']:.1f} GiB "
             f"| {row['per_gpu_gib']:.1f} GiB ({row['hessians_gib']:.1f}) "
             f"| {row['host_gib']:.0f} GiB ({row['model_gib']:.1f} + {row['cache_gib']:.1f}) "
-            f"| {row['disk_gib']:.1f} GiB | {row['layer_solves']:,} | {row['plan_cpu_s']:.1f} s |"
+            f"| {row['disk_gib']:.1f} GiB | {row['layer_solves']:,} | {row['plan_cpu_s']:.1f} s"
+            + (f" (load {row['load_1min']:.1f}) |" if "load_1min" in row else " |")
         )
     return "\n".join(out)
 

@@ -40,6 +40,7 @@ SCRIPT = Path(__file__).resolve()
 BASE = "c5e211f^"  # the whole-model (basic pipeline) calibration, before "towers once, decoder many"
 HEADING = "## Pipeline drift (issue 16)"
 CALIB_SIZE, NUM_SAMPLES, HELD_OUT = 48, 16, 12
+TEXT_PER_TASK = 48  # demo-pool records per task for the text-only model's pool
 GREEDY_TOKENS = 1  # the greedy-prefix metric is not compared here; one token keeps drift cheap
 RESULTS = ROOT / "bench" / "RESULTS.md"
 
@@ -92,6 +93,28 @@ def base_recipes(code: Path) -> set[str]:
     return {path.stem for path in (code / "recipes").glob("*.yaml") if path.stem != "targets"}
 
 
+def takes_media(name: str) -> bool:
+    from quantkit.zoo.models import TRAINED, ZOO
+
+    return bool({**ZOO, **TRAINED}[name].modalities)
+
+
+def text_pool(work: Path) -> Path:
+    """The text records of a demo pool of TEXT_PER_TASK records per task (for text-only models:
+    a held-out set is left after calibrating on NUM_SAMPLES)."""
+    pool = work / "pool-text" / "pool.jsonl"
+    if not pool.is_file():
+        source = work / f"pool-{TEXT_PER_TASK}"
+        if not (source / "pool.jsonl").is_file():
+            args = ["demo-pool", "--per-task", str(TEXT_PER_TASK), "--output", str(source), "--force"]
+            cli(ROOT, *args, log=work / "logs" / "demo-pool-text.log")
+        rows = [json.loads(line) for line in (source / "pool.jsonl").read_text(encoding="utf-8").splitlines()]
+        text = [row for row in rows if not (row.get("images") or row.get("videos") or row.get("audios"))]
+        pool.parent.mkdir(parents=True, exist_ok=True)
+        pool.write_text("".join(json.dumps(row) + "\n" for row in text), encoding="utf-8")
+    return pool
+
+
 def prepare_model(work: Path, name: str) -> tuple[Path, Path]:
     """The zoo model and its calibration set (built by this checkout, once)."""
     model = work / "models" / name
@@ -102,6 +125,8 @@ def prepare_model(work: Path, name: str) -> tuple[Path, Path]:
     pool = work / "pool" / "pool.jsonl"
     if not pool.is_file():
         cli(ROOT, "demo-pool", "--output", str(pool.parent), "--force", log=logs / "demo-pool.log")
+    if not takes_media(name):  # the demo pool holds 12 text records: a text-only pool of its own
+        pool = text_pool(work)
     calib = work / "calib" / name
     if not (calib / "report.json").is_file():
         cli(
@@ -325,6 +350,8 @@ def render(rows: list[dict], noise: list[dict] | None = None) -> str:
         "| pipelines, commits (old → new) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    refused = [row for row in rows if "refused" in row]
+    rows = [row for row in rows if "refused" not in row]
     for row in rows:
         new = groups(row["new_samples"])
         base = groups(row["base_samples"]) if "base_samples" in row else {}
@@ -366,8 +393,13 @@ def render(rows: list[dict], noise: list[dict] | None = None) -> str:
         + ", ".join(f"{verdicts.count(v)} {v.strip('*')}" for v in ("**worse**", "mixed", "same", "better"))
         + (f"; worse: {'; '.join(worse)}." if worse else "; none worse."),
     ]
+    for row in refused:
+        lines += [
+            "",
+            f"Refused by `quantize` ({row['new_commit']}): {row['model']} x {row['recipe']}: {row['refused']}",
+        ]
     lines += render_noise(noise or [])
-    measured = {(row["model"], row["recipe"]) for row in rows}
+    measured = {(row["model"], row["recipe"]) for row in [*rows, *refused]}
     left = [f"{m} x {r}" for r in data_recipes() for m in zoo_names() if (m, r) not in measured]
     if left:
         lines.append("")
@@ -415,6 +447,11 @@ def main() -> None:
                 results[key] = measure_pair(args.work, base, base_commit, new_commit, name, recipe)
             except RuntimeError as error:
                 print(f"{name} x {recipe}: FAILED\n{error}", flush=True)
+                refusal = next((line for line in str(error).splitlines() if line.startswith("error: ")), None)
+                if refusal:  # quantize refused the pair (bad input, exit 2): recorded, not retried
+                    results[key] = {"model": name, "recipe": recipe, "base_commit": base_commit}
+                    results[key].update(new_commit=new_commit, refused=refusal.removeprefix("error: "))
+                    cache.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
                 continue
             print(f"{name} x {recipe}: {time.perf_counter() - started:.0f} s", flush=True)
             cache.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
