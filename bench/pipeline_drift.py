@@ -140,6 +140,7 @@ def prepare_model(work: Path, name: str) -> tuple[Path, Path]:
             "--output",
             str(calib),
             "--force",
+            *([] if takes_media(name) else ["--allow-missing-tasks"]),  # text tasks only
             log=logs / f"calibrate-{name}.log",
         )
     return model, calib
@@ -448,7 +449,9 @@ def main() -> None:
             except RuntimeError as error:
                 print(f"{name} x {recipe}: FAILED\n{error}", flush=True)
                 refusal = next((line for line in str(error).splitlines() if line.startswith("error: ")), None)
-                if refusal:  # quantize refused the pair (bad input, exit 2): recorded, not retried
+                if refusal and str(error).startswith(
+                    "quantkit quantize"
+                ):  # quantize refused the pair (bad input, exit 2): recorded, not retried
                     results[key] = {"model": name, "recipe": recipe, "base_commit": base_commit}
                     results[key].update(new_commit=new_commit, refused=refusal.removeprefix("error: "))
                     cache.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
