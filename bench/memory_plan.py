@@ -9,7 +9,7 @@
 2. ``real``: ``quantize``'s plan for the config-only folders in bench/configs (real shapes of
    Qwen2.5-Omni-7B, Qwen3-Omni-30B-A3B, Qwen3-VL-8B, Qwen2.5-VL-72B) with w4a16 on one GPU in
    bfloat16, 5,000 samples of 1,000 tokens, the host need (not this machine's spill decision);
-   each plan's wall and CPU time from a fresh process. ``--readme README.md`` writes these rows
+   each plan's wall and CPU time from a fresh process, and the 1-minute load average after it. ``--readme README.md`` writes these rows
    as the README's table (between its ``memory-plan-table`` markers), so the table is never typed.
 
 Run: python bench/memory_plan.py [layers|real|all] [--work DIR] [--code DIR] [--readme README.md]
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -195,6 +196,7 @@ def real() -> list[dict]:
         row["plan_s"] = round(result["plan_s"], 1)
         row["plan_cpu_s"] = round(result["cpu_s"], 1)
         row["process_s"] = round(time.perf_counter() - started, 1)
+        row["load_1min"] = round(os.getloadavg()[0], 2)  # the machine's load while it ran (2 cores here)
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -218,7 +220,8 @@ def readme_table(rows: list[dict]) -> str:
             f"| {row['model']} | {row['recipe']} | {row['model_gib']:.1f} GiB "
             f"| {row['per_gpu_gib']:.1f} GiB ({row['hessians_gib']:.1f}) "
             f"| {row['host_gib']:.0f} GiB ({row['model_gib']:.1f} + {row['cache_gib']:.1f}) "
-            f"| {row['disk_gib']:.1f} GiB | {row['layer_solves']:,} | {row['plan_cpu_s']:.1f} s |"
+            f"| {row['disk_gib']:.1f} GiB | {row['layer_solves']:,} | {row['plan_cpu_s']:.1f} s"
+            + (f" (load {row['load_1min']:.1f}) |" if "load_1min" in row else " |")
         )
     return "\n".join(out)
 

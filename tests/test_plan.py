@@ -268,6 +268,44 @@ def test_the_readme_table_is_the_plans_of_the_four_real_configs():
         assert any(row.startswith(figures) for row in table), f"README's row for {name} is not {figures}"
 
 
+PLAN_THEN_ASSIST = """
+import sys
+from pathlib import Path
+from quantkit.quantize import plan
+from quantkit.models.inputs import Sample
+from quantkit.recipes import get_recipe
+plan(Path(sys.argv[1]), get_recipe("w4a16"), [Sample([{"role": "user", "content": "hi"}])], host_memory=0)
+print("sklearn after the plan:", "sklearn" in sys.modules)
+import transformers.data.metrics as metrics
+import transformers.generation.candidate_generator as generation
+from transformers.utils import is_sklearn_available
+assert generation.is_sklearn_available is is_sklearn_available is metrics.is_sklearn_available
+print("roc_curve:", generation.roc_curve([0, 1, 1], [0.1, 0.8, 0.6])[0].tolist())
+print("f1:", metrics.f1_score([0, 1, 1], [0, 1, 0]), "pearson:", round(float(metrics.pearsonr([1, 2, 3], [1, 2, 4])[0]), 3))
+"""
+
+
+def test_a_config_only_plan_imports_no_scikit_learn_and_transformers_still_finds_it(tmp_path):
+    """The dry run builds the meta model (transformers' generation stack) and, for fused MoE
+    experts, llmcompressor's expert classes (transformers' GLUE metrics) without importing
+    scikit-learn; afterwards assisted decoding's roc_curve and the metrics work as before."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("sklearn", reason="scikit-learn is not installed: nothing to keep out")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "-c", PLAN_THEN_ASSIST, str(root / "bench" / "configs" / "Qwen3-Omni-30B-A3B")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sklearn after the plan: False" in proc.stdout
+    assert "roc_curve: [0.0, 0.0, 0.0, 1.0]" in proc.stdout
+    assert "f1: 0.6666666666666666 pearson: 0.982" in proc.stdout
+
+
 def test_a_fixed_block_width_that_does_not_divide_a_layer_is_refused_from_the_config(zoo_model, tmp_path):
     """fp8-block's 128x128 blocks and w4a8-fp8's groups of 128 are not chosen per model: a layer
     whose input width they do not divide (SmolLM2's 576) failed deep inside llmcompressor; the

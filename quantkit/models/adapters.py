@@ -324,12 +324,15 @@ class Adapter(BaseModel):
         from transformers import AutoConfig
         from transformers.initialization import no_init_weights
 
-        if self.is_wrapped(model_dir):
+        from quantkit.models.loading import generation_without_sklearn
+
+        with generation_without_sklearn():
+            if self.is_wrapped(model_dir):
+                with torch.device("meta"), no_init_weights():
+                    return self._auto().from_config(self._inner_config(model_dir))
+            config = AutoConfig.from_pretrained(model_dir, trust_remote_code=self.trust_remote_code)
             with torch.device("meta"), no_init_weights():
-                return self._auto().from_config(self._inner_config(model_dir))
-        config = AutoConfig.from_pretrained(model_dir, trust_remote_code=self.trust_remote_code)
-        with torch.device("meta"), no_init_weights():
-            return self._auto().from_config(config, trust_remote_code=self.trust_remote_code)
+                return self._auto().from_config(config, trust_remote_code=self.trust_remote_code)
 
     def load_processor(self, model_dir: Path):
         """The model's processor; a bare tokenizer for text models (what processor_inputs expects)."""

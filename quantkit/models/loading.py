@@ -3,10 +3,25 @@ experts unfused into per-expert Linears (on real weights or on the meta device).
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
+import sys
 from pathlib import Path
 
 import torch
+
+# transformers modules that import scikit-learn / scipy names at import time when scikit-learn is
+# installed: the names each takes, and where from (generation_without_sklearn).
+SKLEARN_USERS = {
+    "transformers.generation.candidate_generator": {"roc_curve": "sklearn.metrics"},
+    "transformers.data.metrics": {
+        "pearsonr": "scipy.stats",
+        "spearmanr": "scipy.stats",
+        "f1_score": "sklearn.metrics",
+        "matthews_corrcoef": "sklearn.metrics",
+    },
+}
 
 
 def saved_dtype(model_dir: Path) -> torch.dtype:
@@ -65,8 +80,9 @@ def unfuse_experts_on_meta(model: torch.nn.Module) -> None:
         isinstance(getattr(m, "down_proj", None), torch.nn.Parameter) for m in first_of_class.values()
     ):
         return
-    from llmcompressor.modeling.moe.helpers import FusedExpertsProtocol
-    from llmcompressor.modeling.moe.linear_experts import LinearExperts2D
+    with generation_without_sklearn():  # llmcompressor imports transformers.data.metrics
+        from llmcompressor.modeling.moe.helpers import FusedExpertsProtocol
+        from llmcompressor.modeling.moe.linear_experts import LinearExperts2D
 
     fused = {  # the rule of llmcompressor's get_non_linearized_moes, applied per class
         cls: LinearExperts2D.get_linear_experts_cls(cls)
@@ -80,3 +96,45 @@ def unfuse_experts_on_meta(model: torch.nn.Module) -> None:
     with torch.device("meta"), no_init_weights():
         for name, module in [(n, m) for n, m in model.named_modules() if type(m) in fused]:
             model.set_submodule(name, fused[type(module)](getattr(module, "config", model.config)))
+
+
+def _imported_on_call(module: str, name: str):
+    """A function that imports ``module``'s ``name`` on its first call and calls it."""
+
+    def call(*args, **kwargs):
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    call.__name__ = name
+    return call
+
+
+@contextlib.contextmanager
+def generation_without_sklearn():
+    """Import transformers' generation stack (every model class inherits GenerationMixin; its
+    candidate generator takes ``roc_curve``) and its GLUE metrics (llmcompressor imports them)
+    without scikit-learn: both import it, with scipy and pandas, whenever it is installed (lm-eval
+    needs it), 2.4 s of CPU for a config-only plan that neither generates nor scores. The modules
+    (SKLEARN_USERS) are imported while transformers' check says no, then given the real check
+    back and, where scikit-learn is installed, each name as a function that imports it on its
+    first call: they behave as before. Modules already imported are left as they are."""
+    import transformers.utils as utils
+    from transformers.utils import import_utils
+
+    pending = [name for name in SKLEARN_USERS if name not in sys.modules]
+    if not pending:
+        yield
+        return
+    real = import_utils.is_sklearn_available
+    utils.is_sklearn_available = import_utils.is_sklearn_available = lambda: False
+    try:
+        yield
+    finally:
+        utils.is_sklearn_available = import_utils.is_sklearn_available = real
+        for name in pending:
+            module = sys.modules.get(name)
+            if module is None or getattr(module, "is_sklearn_available", real) is real:
+                continue
+            module.is_sklearn_available = real
+            if real():
+                for attr, source in SKLEARN_USERS[name].items():
+                    setattr(module, attr, _imported_on_call(source, attr))

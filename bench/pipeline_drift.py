@@ -1,0 +1,483 @@
+"""Drift of the sequential pipeline on captured decoder inputs against the whole-model pipeline
+it replaced (issue 16: "the outputs are at least as close to the original as today's").
+
+"Today's" is the code before commit c5e211f ("towers once, decoder many"): c5e211f^, checked
+out as a git worktree under ``--work`` and run with its own PYTHONPATH (its own CLI, recipes and
+pipelines; the same virtual environment, so the same libraries). For every zoo model (built
+once, by this checkout, seed 0) x every recipe that reads calibration data: one calibration set
+per model (``quantkit calibrate`` on the demo pool, ``--model``), quantized by both codes with
+``quantize --calib SET --num-samples N --seed 0``; then this checkout's ``verify`` drift
+(``measure_drift``) of both checkpoints on the same held-out rows (the set's rows neither
+checkpoint calibrated on, the same stratified draw: the ids are recorded and compared). A recipe
+c5e211f^ does not have is quantized by this checkout only (no baseline: said in its row).
+
+Per pair and modality: KL (original || quantized) and top-1 agreement of both, and the paired
+per-sample KL difference (new - old) with its standard error: "worse" when the new KL is higher
+by more than two standard errors of that difference (and top-1 likewise lower), "better" the
+other way, else "same".
+
+Run: nice -n 5 python bench/pipeline_drift.py [--models A,B] [--recipes X,Y] [--work DIR]
+     [--render-only]
+Measurements are cached per pair in WORK/results.json (keyed by both commits); the section
+"Pipeline drift (issue 16)" of bench/RESULTS.md is rendered from every cached pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _shared import ROOT, child_env, git_commit, replace_section, run_child  # noqa: E402
+
+SCRIPT = Path(__file__).resolve()
+BASE = "c5e211f^"  # the whole-model (basic pipeline) calibration, before "towers once, decoder many"
+HEADING = "## Pipeline drift (issue 16)"
+CALIB_SIZE, NUM_SAMPLES, HELD_OUT = 48, 16, 12
+TEXT_PER_TASK = 48  # demo-pool records per task for the text-only model's pool
+GREEDY_TOKENS = 1  # the greedy-prefix metric is not compared here; one token keeps drift cheap
+RESULTS = ROOT / "bench" / "RESULTS.md"
+
+
+def base_worktree(work: Path) -> tuple[Path, str]:
+    """A detached worktree of BASE under ``work`` (created once); (its path, its short hash)."""
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", BASE], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    folder = work / f"code-{commit}"
+    if not (folder / "quantkit").is_dir():
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), commit], check=True
+        )
+    return folder, commit
+
+
+def cli(code: Path, *args: str, log: Path) -> float:
+    """``python -m quantkit ARGS`` with ``code`` first on PYTHONPATH; the seconds it took. Its
+    output goes to ``log``; a failure raises with the log's tail."""
+    started = time.perf_counter()
+    with log.open("w", encoding="utf-8") as out:
+        proc = subprocess.run(
+            [sys.executable, "-m", "quantkit", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=child_env(code),
+            cwd=code,
+            check=False,
+        )
+    if proc.returncode != 0:
+        tail = log.read_text(encoding="utf-8", errors="replace")[-3000:]
+        raise RuntimeError(f"quantkit {' '.join(args[:3])} (code {code}) exited {proc.returncode}:\n{tail}")
+    return time.perf_counter() - started
+
+
+def zoo_names() -> list[str]:
+    from quantkit.zoo.models import TRAINED, ZOO
+
+    return [*ZOO, *TRAINED]  # what `quantkit zoo list` lists
+
+
+def data_recipes(code: Path = ROOT) -> list[str]:
+    from quantkit.recipes.registry import list_recipes
+
+    return [entry.name for entry in list_recipes() if entry.needs_data]
+
+
+def base_recipes(code: Path) -> set[str]:
+    return {path.stem for path in (code / "recipes").glob("*.yaml") if path.stem != "targets"}
+
+
+def takes_media(name: str) -> bool:
+    from quantkit.zoo.models import TRAINED, ZOO
+
+    return bool({**ZOO, **TRAINED}[name].modalities)
+
+
+def text_pool(work: Path) -> Path:
+    """The text records of a demo pool of TEXT_PER_TASK records per task (for text-only models:
+    a held-out set is left after calibrating on NUM_SAMPLES)."""
+    pool = work / "pool-text" / "pool.jsonl"
+    if not pool.is_file():
+        source = work / f"pool-{TEXT_PER_TASK}"
+        if not (source / "pool.jsonl").is_file():
+            args = ["demo-pool", "--per-task", str(TEXT_PER_TASK), "--output", str(source), "--force"]
+            cli(ROOT, *args, log=work / "logs" / "demo-pool-text.log")
+        rows = [json.loads(line) for line in (source / "pool.jsonl").read_text(encoding="utf-8").splitlines()]
+        text = [row for row in rows if not (row.get("images") or row.get("videos") or row.get("audios"))]
+        pool.parent.mkdir(parents=True, exist_ok=True)
+        pool.write_text("".join(json.dumps(row) + "\n" for row in text), encoding="utf-8")
+    return pool
+
+
+def prepare_model(work: Path, name: str) -> tuple[Path, Path]:
+    """The zoo model and its calibration set (built by this checkout, once)."""
+    model = work / "models" / name
+    logs = work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    if not (model / "config.json").is_file():
+        cli(ROOT, "zoo", "build", name, "--output", str(model), "--force", log=logs / f"zoo-{name}.log")
+    pool = work / "pool" / "pool.jsonl"
+    if not pool.is_file():
+        cli(ROOT, "demo-pool", "--output", str(pool.parent), "--force", log=logs / "demo-pool.log")
+    if not takes_media(name):  # the demo pool holds 12 text records: a text-only pool of its own
+        pool = text_pool(work)
+    calib = work / "calib" / name
+    if not (calib / "report.json").is_file():
+        cli(
+            ROOT,
+            "calibrate",
+            str(pool),
+            "--model",
+            str(model),
+            "--size",
+            str(CALIB_SIZE),
+            "--output",
+            str(calib),
+            "--force",
+            *([] if takes_media(name) else ["--allow-missing-tasks"]),  # text tasks only
+            log=logs / f"calibrate-{name}.log",
+        )
+    return model, calib
+
+
+def quantize(code: Path, tag: str, work: Path, model: Path, calib: Path, recipe: str) -> tuple[Path, float]:
+    out = work / "out" / tag / model.name / recipe
+    log = work / "logs" / f"quantize-{tag}-{model.name}-{recipe}.log"
+    args = ["quantize", str(model), "--recipe", recipe, "--calib", str(calib)]
+    args += ["--num-samples", str(NUM_SAMPLES), "--seed", "0", "-o", str(out), "--force"]
+    return out, cli(code, *args, log=log)
+
+
+def child_drift(reference: str, calib: str, *checkpoints: str) -> dict:
+    """This checkout's drift of each checkpoint on the same held-out rows: the set's rows none of
+    them calibrated on, drawn once (seed 1) and kept in that order for all."""
+    from quantkit.models.adapters import adapter_for
+    from quantkit.models.inputs import processor_capabilities
+    from quantkit.verify.drift import _used_ids, held_out_rows, measure_drift
+
+    exclude = set().union(*(_used_ids(Path(c)) for c in checkpoints))
+    kinds = processor_capabilities(adapter_for(Path(reference)).load_processor(Path(reference)))
+    rows = held_out_rows(Path(calib), exclude_ids=exclude, count=HELD_OUT, seed=1, kinds=kinds)
+    ids = [row["id"] for row in rows]
+    reports = {}
+    for checkpoint in checkpoints:
+        report = measure_drift(
+            Path(reference),
+            Path(checkpoint),
+            Path(calib),
+            num_samples=HELD_OUT,
+            seed=1,
+            greedy_tokens=GREEDY_TOKENS,
+            exclude_ids=exclude,
+        )
+        if [s.id for s in report.samples] != ids:
+            raise RuntimeError(f"{checkpoint}: drift ran on other rows than those drawn")
+        reports[checkpoint] = {
+            "samples": [
+                {"id": s.id, "modality": s.modality, "kl": s.kl, "top1": s.top1} for s in report.samples
+            ],
+            "calibrated_on": len(_used_ids(Path(checkpoint))),
+        }
+    return {"held_out_ids": ids, "excluded": len(exclude), "reports": reports}
+
+
+def measure_pair(work: Path, base: Path, base_commit: str, new_commit: str, name: str, recipe: str) -> dict:
+    model, calib = prepare_model(work, name)
+    row: dict = {"model": name, "recipe": recipe, "base_commit": base_commit, "new_commit": new_commit}
+    checkpoints = {}
+    new_out, row["new_quantize_s"] = quantize(ROOT, "new", work, model, calib, recipe)
+    checkpoints["new"] = new_out
+    if recipe in base_recipes(base):
+        base_out, row["base_quantize_s"] = quantize(base, "base", work, model, calib, recipe)
+        checkpoints["base"] = base_out
+    else:
+        row["base_missing"] = f"{BASE} ({base_commit}) has no recipe {recipe}"
+    started = time.perf_counter()
+    drift = run_child(SCRIPT, "drift", str(model), str(calib), *(str(p) for p in checkpoints.values()))
+    row["drift_s"] = round(time.perf_counter() - started, 1)
+    row["held_out_ids"] = drift["held_out_ids"]
+    for tag, path in checkpoints.items():
+        report = drift["reports"][str(path)]
+        row[f"{tag}_samples"] = report["samples"]
+        row[f"{tag}_calibrated_on"] = report["calibrated_on"]
+        meta = json.loads((path / "quantkit.json").read_text(encoding="utf-8"))
+        row[f"{tag}_pipeline"] = meta.get("pipeline") or (meta.get("calibration") or {}).get("pipeline")
+    return row
+
+
+def measure_noise(work: Path, base_commit: str, new_commit: str, name: str, recipe: str) -> dict:
+    """The seed spread: this checkout quantizes the pair again on another stratified subsample
+    (``--seed 1``); drift of the old, the new and the reseeded checkpoint on the same held-out rows
+    (none calibrated any of the three). Needs the pair measured first (its checkpoints)."""
+    model, calib = prepare_model(work, name)
+    base_out = work / "out" / "base" / name / recipe
+    new_out = work / "out" / "new" / name / recipe
+    seeded = work / "out" / "new-seed1" / name / recipe
+    if not (seeded / "quantkit.json").is_file():
+        args = ["quantize", str(model), "--recipe", recipe, "--calib", str(calib)]
+        args += ["--num-samples", str(NUM_SAMPLES), "--seed", "1", "-o", str(seeded), "--force"]
+        cli(ROOT, *args, log=work / "logs" / f"quantize-new-seed1-{name}-{recipe}.log")
+    drift = run_child(SCRIPT, "drift", str(model), str(calib), str(base_out), str(new_out), str(seeded))
+    reports = drift["reports"]
+    return {
+        "model": name,
+        "recipe": recipe,
+        "base_commit": base_commit,
+        "new_commit": new_commit,
+        "held_out_ids": drift["held_out_ids"],
+        **{
+            f"{tag}_samples": reports[str(path)]["samples"]
+            for tag, path in (("base", base_out), ("new", new_out), ("seed1", seeded))
+        },
+    }
+
+
+def render_noise(noise: list[dict]) -> list[str]:
+    lines = []
+    for row in noise:
+        base, new, seeded = (groups(row[f"{tag}_samples"]) for tag in ("base", "new", "seed1"))
+        lines += [
+            "",
+            f"Seed spread, {row['model']} x {row['recipe']} ({row['base_commit']} → {row['new_commit']}): "
+            f"the new code again on another calibration subsample (`--seed 1`), all three on the same "
+            f"{len(row['held_out_ids'])} held-out rows (none calibrated any of them):",
+            "",
+            "| modality (samples) | old → new (seed 0) | new seed 0 → new seed 1 |",
+            "|---|---|---|",
+        ]
+        for name, items in new.items():
+            lines.append(
+                f"| {name} ({len(items)}) | {verdict(base[name], items)} | {verdict(items, seeded[name])} |"
+            )
+        pipeline = [abs(paired(base["all"], new["all"], m)[0]) for m in ("kl", "top1")]
+        seed = [abs(paired(new["all"], seeded["all"], m)[0]) for m in ("kl", "top1")]
+        within = all(p <= s for p, s in zip(pipeline, seed, strict=True))
+        lines += [
+            "",
+            f"Over all rows, old → new moves KL by {pipeline[0]:.2g} and top-1 by {pipeline[1]:.3f}; "
+            f"another seed of the same code moves them by {seed[0]:.2g} and {seed[1]:.3f}: the pipeline's "
+            + ("change is within the seed spread." if within else "change is larger than the seed spread."),
+        ]
+    return lines
+
+
+def weights_differ(base: Path, new: Path) -> dict[str, float]:
+    """Per decoder layer index: the share of quantized weight elements (packed words for int4,
+    the tensors themselves otherwise) that differ between the two checkpoints."""
+    import re
+
+    from safetensors.torch import load_file
+
+    def tensors(folder: Path) -> dict:
+        found: dict = {}
+        for file in sorted(folder.glob("*.safetensors")):
+            found.update(load_file(file))
+        return found
+
+    a, b = tensors(base), tensors(new)
+    counts: dict[str, list[int]] = {}
+    for name, tensor in a.items():
+        layer = re.search(r"\.layers\.(\d+)\.", name)
+        if layer is None or not name.endswith(("weight_packed", "weight")) or name not in b:
+            continue
+        if (
+            tensor.dtype.is_floating_point
+            and not name.endswith("weight_packed")
+            and tensor.dtype.itemsize > 1
+        ):
+            continue  # a 16-bit weight is not quantized
+        other = b[name]
+        total = counts.setdefault(layer.group(1), [0, 0])
+        total[0] += int((tensor != other).sum()) if tensor.shape == other.shape else tensor.numel()
+        total[1] += tensor.numel()
+    return {layer: round(d / n, 4) for layer, (d, n) in sorted(counts.items(), key=lambda kv: int(kv[0]))}
+
+
+# ---------------------------------------------------------------------- rendering
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def paired(base: list[dict], new: list[dict], metric: str) -> tuple[float, float]:
+    """Mean and standard error of the per-sample difference new - base of ``metric``."""
+    diffs = [n[metric] - b[metric] for b, n in zip(base, new, strict=True)]
+    mean = _mean(diffs)
+    if len(diffs) < 2:
+        return mean, math.inf
+    var = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
+    return mean, math.sqrt(var / len(diffs))
+
+
+def verdict(base: list[dict], new: list[dict]) -> str:
+    """worse / better / same / mixed by the paired per-sample differences, with the figures."""
+    kl, kl_se = paired(base, new, "kl")
+    top1, top1_se = paired(base, new, "top1")
+    worse = kl > 2 * kl_se or top1 < -2 * top1_se
+    better = kl < -2 * kl_se or top1 > 2 * top1_se
+    word = "mixed" if worse and better else "**worse**" if worse else "better" if better else "same"
+    return f"{word} (ΔKL {kl:+.2g} ± {kl_se:.1g}, Δtop-1 {top1:+.3f} ± {top1_se:.3f})"
+
+
+def groups(samples: list[dict]) -> dict[str, list[dict]]:
+    found: dict[str, list[dict]] = {"all": samples}
+    for sample in samples:
+        found.setdefault(sample["modality"], []).append(sample)
+    return found
+
+
+def render(rows: list[dict], noise: list[dict] | None = None) -> str:
+    lines = [
+        f"Rendered by `bench/pipeline_drift.py` from its measurements. Each zoo model (seed 0) x each "
+        f"recipe that reads calibration data, quantized on the same calibration set (demo pool, "
+        f"`calibrate --model --size {CALIB_SIZE}`, `quantize --num-samples {NUM_SAMPLES} --seed 0`) "
+        f'by the code before "towers once, decoder many" ({BASE}, the whole model through the '
+        "pipeline its adapter named) and by this branch (the decoder alone on its captured inputs), "
+        "on CPU; the pipelines each used are in the table (quantkit.json). Drift by this "
+        f"branch's `verify` code (`measure_drift`) on the same {HELD_OUT} held-out rows for both "
+        "(none calibrated either checkpoint). KL: mean next-token KL(original || quantized) over "
+        "each sample's positions, then over the samples; top-1: agreement. Verdict per modality: "
+        "the paired per-sample difference (new - old) of KL or top-1 beyond two standard errors "
+        "(one seed, one draw: a coarse bound).",
+        "",
+        "| model | recipe | modality (samples) | KL old | KL new | top-1 old | top-1 new | verdict "
+        "| pipelines, commits (old → new) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    refused = [row for row in rows if "refused" in row]
+    rows = [row for row in rows if "refused" not in row]
+    for row in rows:
+        new = groups(row["new_samples"])
+        base = groups(row["base_samples"]) if "base_samples" in row else {}
+        commits = f"{row.get('base_pipeline') or '-'} {row['base_commit']} → {row['new_pipeline']} {row['new_commit']}"
+        for name, items in new.items():
+            old = base.get(name)
+            kl_old = f"{_mean([s['kl'] for s in old]):.3g}" if old else "-"
+            top_old = f"{_mean([s['top1'] for s in old]):.3f}" if old else "-"
+            judged = (
+                verdict(old, items)
+                if old
+                else f"no baseline ({row['base_missing'].split(' has ')[0]} has no {row['recipe']})"
+            )
+            lines.append(
+                f"| {row['model']} | {row['recipe']} | {name} ({len(items)}) | {kl_old} "
+                f"| {_mean([s['kl'] for s in items]):.3g} | {top_old} | {_mean([s['top1'] for s in items]):.3f} "
+                f"| {judged} | {commits} |"
+            )
+    verdicts = [line.split(" | ")[7].split(" (")[0] for line in lines[4:]]
+    worse = [" x ".join(line.split(" | ")[:3]).lstrip("| ") for line in lines[4:] if "**worse**" in line]
+    differ = [
+        f"{row['model']} x {row['recipe']}: "
+        + ", ".join(f"{layer} {share:.1%}" for layer, share in row["weights_differ"].items())
+        for row in rows
+        if row.get("weights_differ")
+    ]
+    if differ:
+        lines += [
+            "",
+            "Quantized weights (int4 packed words, int8 / fp8 values) that differ between the old and "
+            "the new checkpoint, by decoder layer (layer 0 sees the same hidden states in both; later "
+            "layers also see what the layers before them became):",
+            "",
+            *(f"- {line}" for line in differ),
+        ]
+    lines += [
+        "",
+        f"{len(rows)} pairs, {len(verdicts)} groups: "
+        + ", ".join(f"{verdicts.count(v)} {v.strip('*')}" for v in ("**worse**", "mixed", "same", "better"))
+        + (f"; worse: {'; '.join(worse)}." if worse else "; none worse."),
+    ]
+    for row in refused:
+        lines += [
+            "",
+            f"Refused by `quantize` ({row['new_commit']}): {row['model']} x {row['recipe']}: {row['refused']}",
+        ]
+    lines += render_noise(noise or [])
+    measured = {(row["model"], row["recipe"]) for row in [*rows, *refused]}
+    left = [f"{m} x {r}" for r in data_recipes() for m in zoo_names() if (m, r) not in measured]
+    if left:
+        lines.append("")
+        lines.append(f"Not measured yet ({len(left)} pairs, left for lack of time): {', '.join(left)}.")
+    return "\n".join(lines)
+
+
+def load_results(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--work", type=Path, default=Path("/tmp/quantkit-bench-pipeline-drift"))
+    parser.add_argument("--models", help="comma-separated zoo names (default: every zoo model)")
+    parser.add_argument("--recipes", help="comma-separated recipes (default: every data-driven recipe)")
+    parser.add_argument("--render-only", action="store_true")
+    parser.add_argument("--noise", help="MODEL/RECIPE of a measured pair: also measure the seed spread there")
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--child", nargs="+")
+    args = parser.parse_args()
+    if args.child:
+        kind, *rest = args.child
+        print(json.dumps({"drift": child_drift}[kind](*rest)))
+        return
+    args.work.mkdir(parents=True, exist_ok=True)
+    cache = args.work / "results.json"
+    results = load_results(cache)
+    if not args.render_only:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        base, base_commit = base_worktree(args.work)
+        new_commit = git_commit()
+        names = args.models.split(",") if args.models else zoo_names()
+        recipes = args.recipes.split(",") if args.recipes else data_recipes()
+        # Pairs with a baseline first (the comparison asked for), then this branch's new recipes.
+        have = base_recipes(base)
+        pairs = [(m, r) for r in recipes if r in have for m in names]
+        pairs += [(m, r) for r in recipes if r not in have for m in names]
+        for name, recipe in pairs:
+            key = f"{name}/{recipe}/{base_commit}/{new_commit}"
+            if key in results:
+                continue
+            started = time.perf_counter()
+            try:
+                results[key] = measure_pair(args.work, base, base_commit, new_commit, name, recipe)
+            except RuntimeError as error:
+                print(f"{name} x {recipe}: FAILED\n{error}", flush=True)
+                refusal = next((line for line in str(error).splitlines() if line.startswith("error: ")), None)
+                if refusal and str(error).startswith(
+                    "quantkit quantize"
+                ):  # quantize refused the pair (bad input, exit 2): recorded, not retried
+                    results[key] = {"model": name, "recipe": recipe, "base_commit": base_commit}
+                    results[key].update(new_commit=new_commit, refused=refusal.removeprefix("error: "))
+                    cache.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+                continue
+            print(f"{name} x {recipe}: {time.perf_counter() - started:.0f} s", flush=True)
+            cache.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    if args.noise and not args.render_only:
+        name, recipe = args.noise.split("/")
+        key = f"noise/{name}/{recipe}/{base_commit}/{new_commit}"
+        if key not in results:
+            results[key] = measure_noise(args.work, base_commit, new_commit, name, recipe)
+            cache.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    noise = [row for key, row in results.items() if key.startswith("noise/")]
+    measured = [row for key, row in results.items() if not key.startswith("noise/")]
+    for row in measured:
+        base_out = args.work / "out" / "base" / row["model"] / row["recipe"]
+        new_out = args.work / "out" / "new" / row["model"] / row["recipe"]
+        if "weights_differ" not in row and "base_samples" in row and base_out.is_dir() and new_out.is_dir():
+            row["weights_differ"] = weights_differ(base_out, new_out)
+    if results:
+        cache.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    rows = sorted(measured, key=lambda r: (r["recipe"], r["model"]))
+    if rows:
+        replace_section(args.results, HEADING, render(rows, noise))
+        print(f"wrote {HEADING!r} ({len(rows)} pairs) into {args.results}")
+
+
+if __name__ == "__main__":
+    main()
