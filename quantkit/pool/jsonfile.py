@@ -13,6 +13,8 @@ _decoder = json.JSONDecoder()
 _decode_json = _decoder.decode  # json.loads(str) with default settings
 _scan_json = _decoder.scan_once  # what decode runs at the text's first value
 _WHITESPACE = " \t\n\r"
+# on_bytes is called once every this many + 1 lines (a power of two less one, as a mask) rather than per line
+_BYTES_STEP = 255
 
 Parse = Callable[[object, int, int], None]  # (record, line, where to read it again)
 OnError = Callable[[int, RecordError], None]
@@ -34,12 +36,14 @@ def read_jsonl(path: Path, parse: Parse, on_error: OnError, on_bytes: Callable[[
     record of a big pool."""
     decode, scan, loads, decode_error = _decode_json, _scan_json, json.loads, json.JSONDecodeError
     offset = 0  # of the line: where the record is read again if selected
+    reported = 0  # bytes given to on_bytes: every _BYTES_STEP lines, and the rest at the end
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
             start = offset
             offset += len(raw)
-            if on_bytes is not None:
-                on_bytes(len(raw))
+            if not number & _BYTES_STEP and on_bytes is not None:
+                on_bytes(offset - reported)
+                reported = offset
             try:
                 if raw[0] == 0x7B and (len(raw) < 2 or raw[1]):
                     # '{' then a non-zero byte: what json.loads(bytes) detects as UTF-8 and decodes
@@ -66,6 +70,8 @@ def read_jsonl(path: Path, parse: Parse, on_error: OnError, on_bytes: Callable[[
                 parse(row, number, start)
             except RecordError as err:
                 on_error(number, err)
+    if on_bytes is not None and offset > reported:
+        on_bytes(offset - reported)
 
 
 def jsonl_at(path: Path, places: list[tuple[int, int]], parse: Parse) -> None:

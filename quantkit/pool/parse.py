@@ -53,6 +53,7 @@ MEDIA_FIELDS = {"image": "images", "video": "videos", "audio": "audios"}
 _dumps = functools.partial(json.dumps, ensure_ascii=False)
 _ROLE_JSON = {alias: json_str(role) for alias, role in ROLE_ALIASES.items()}
 _ROLE_TAIL = {alias: ', "role": ' + role + "}" for alias, role in _ROLE_JSON.items()}  # a turn's JSON end
+_TEXTS_KEPT = 4096  # turn texts whose JSON is kept (emptied when full: memory stays bounded)
 _PROMPT_ROLES = {alias for alias, role in ROLE_ALIASES.items() if role in ("system", "user")}
 _ANSWER_ROLES = {alias for alias, role in ROLE_ALIASES.items() if role == "assistant"}
 if PLACEHOLDER.pattern != "<(image|video|audio)>":  # _messages_json counts these literals
@@ -188,11 +189,15 @@ class ParseContext:
 class RecordParser:
     """Validates the records of one source (``parse``), appending each valid one to the result."""
 
-    def __init__(self, context: ParseContext) -> None:
+    def __init__(self, context: ParseContext, *, reuse: RecordParser | None = None) -> None:
+        """``reuse``: the parser that read the source first; reading its records again (selected
+        ones, token counts a batch at a time) shares its resolved paths and media combinations
+        rather than resolving and deriving them once more per batch."""
         self.c = context
         self.tasks = task_lookup(context.taxonomy)
-        self.combos: dict[tuple, _Media] = {}
-        self.paths: dict[str, Path | str] = {}  # as written -> absolute path, or an error word
+        self.combos: dict[tuple, _Media] = {} if reuse is None else reuse.combos
+        # as written -> absolute path, or an error word
+        self.paths: dict[str, Path | str] = {} if reuse is None else reuse.paths
         self.parse = self._make_parse()
 
     # -- media paths -----------------------------------------------------------------------
@@ -347,6 +352,7 @@ class RecordParser:
         spec = c.spec
         fast_keys = frozenset({"id", task_field, "messages", "conversations", "images", "videos", "audios"})
         role_tail = _ROLE_TAIL
+        quoted_texts: dict[str, str] = {}  # a turn's text -> its JSON string, for the texts records repeat
         assigner = c.assigner
         if assigner is not None:
             from quantkit.taskassign import TaskEvidence, UnknownTaskError
@@ -373,6 +379,7 @@ class RecordParser:
                 if raw.__class__ is list and raw:
                     parts = []
                     images = videos = audios = 0
+                    last = raw[-1]
                     try:
                         for turn in raw:
                             tail = role_tail[turn[role_key]]
@@ -386,7 +393,15 @@ class RecordParser:
                                 images += text.count("<image>")
                                 videos += text.count("<video>")
                                 audios += text.count("<audio>")
-                            parts.append(f'{{"content": {json_of(text)}{tail}')
+                            if turn is last:  # the answer: rarely repeated
+                                quoted = json_of(text)
+                            else:  # system prompts and templated questions repeat across records
+                                quoted = quoted_texts.get(text)
+                                if quoted is None:
+                                    if len(quoted_texts) >= _TEXTS_KEPT:
+                                        quoted_texts.clear()
+                                    quoted = quoted_texts[text] = json_of(text)
+                            parts.append(f'{{"content": {quoted}{tail}')
                         messages_json = f"[{', '.join(parts)}]"
                         counts = (images, videos, audios)
                     except (KeyError, TypeError):
@@ -480,7 +495,9 @@ class RecordParser:
                 record_id = sha256(canonical.encode()).hexdigest()[:16]
             if emit is None:  # the compact index: see quantkit.pool.index
                 # (the UTF-8 of the text, strict: a lone surrogate raises UnicodeEncodeError)
-                add_digest(blake2b(messages_json.encode(), digest_size=16).digest())
+                # (blake2b's first 16 bytes: without a digest_size keyword, whose parsing costs
+                # a third of the call; only equality within this run is used)
+                add_digest(blake2b(messages_json.encode()).digest()[:16])
                 add_group(shared[5])
                 add_line(line)
                 add_locator(locator)

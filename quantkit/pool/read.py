@@ -163,9 +163,10 @@ def _read_sources(
                 assigner=assigner,
                 source_index=number_of_source,
             )
-        parse = RecordParser(context).parse
+        parser = RecordParser(context)
+        parse = parser.parse
         index.sources.append(str(path))
-        index.readers.append(functools.partial(_read_again, source, context))
+        index.readers.append(functools.partial(_read_again, source, context, parser))
 
         def on_error(number: int, err: RecordError, path: Path = path, stats: SourceStats = stats) -> None:
             if not skip_invalid:
@@ -190,10 +191,13 @@ def _read_sources(
     return result
 
 
-def _read_again(source: Source, context: ParseContext, places: list[tuple[int, int]]) -> list:
-    """The full records of ``source`` at (line, locator) ``places``: parsed again, as when read."""
+def _read_again(
+    source: Source, context: ParseContext, first: RecordParser, places: list[tuple[int, int]]
+) -> list:
+    """The full records of ``source`` at (line, locator) ``places``: parsed again, as when read
+    (by ``first``'s media paths and combinations)."""
     out: list = []
-    parse = RecordParser(dataclasses.replace(context, emit=out)).parse
+    parse = RecordParser(dataclasses.replace(context, emit=out), reuse=first).parse
     if source.kind == "jsonl":
         jsonl_at(source.path, places, parse)
     elif source.kind == "json":

@@ -1,0 +1,71 @@
+"""What the pool reader's shortcuts must leave as it was: progress counts every byte, repeated
+turn texts give the same JSON, duplicates are found across spellings, records read again equal
+the records read first."""
+
+from __future__ import annotations
+
+import json
+
+from quantkit.pool import parse, read_pool
+from quantkit.taxonomy import load_taxonomy
+
+SYSTEM = "You are a helpful shop assistant. Answer in one sentence: «short»."
+
+
+def _record(i: int, *, sharegpt: bool = False, system: str = SYSTEM) -> dict:
+    turns = [("system", system), ("user", f"Question {i % 50}?"), ("assistant", f"Answer {i % 50}.")]
+    if sharegpt:
+        back = {"system": "system", "user": "human", "assistant": "gpt"}
+        return {"task": "text_chat", "conversations": [{"from": back[r], "value": t} for r, t in turns]}
+    return {"task": "text_chat", "messages": [{"role": r, "content": t} for r, t in turns]}
+
+
+def _write(path, records, blank_every: int = 0) -> None:
+    lines = []
+    for i, record in enumerate(records):
+        lines.append(json.dumps(record, ensure_ascii=False))
+        if blank_every and i % blank_every == 0:
+            lines.append("")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def test_progress_counts_every_byte_of_a_pool_longer_than_one_step(tmp_path):
+    pool = tmp_path / "pool.jsonl"
+    _write(pool, [_record(i) for i in range(1000)], blank_every=7)
+    seen: list[int] = []
+    read_pool([pool], load_taxonomy(), on_bytes=seen.append)
+    assert sum(seen) == pool.stat().st_size
+    assert all(n > 0 for n in seen)
+
+
+def test_repeated_turn_texts_give_the_json_json_dumps_gives(tmp_path, monkeypatch):
+    # A kept-texts table far smaller than the pool's distinct texts: it empties and fills again.
+    monkeypatch.setattr(parse, "_TEXTS_KEPT", 8)
+    records = [
+        _record(i, sharegpt=i % 3 == 0, system=SYSTEM if i % 2 else f"{SYSTEM} {i}") for i in range(300)
+    ]
+    pool = tmp_path / "pool.jsonl"
+    _write(pool, records)
+    result = read_pool([pool], load_taxonomy())
+    read = list(result.records)
+    assert len(read) == len(records) - result.duplicates
+    for record in read:
+        original = records[record.line - 1]
+        turns = original.get("messages") or [
+            {"role": {"human": "user", "gpt": "assistant"}.get(t["from"], t["from"]), "content": t["value"]}
+            for t in original["conversations"]
+        ]
+        assert record.text_key == json.dumps(turns, sort_keys=True, ensure_ascii=False)
+
+
+def test_duplicates_are_found_across_spellings_and_records_read_again_are_equal(tmp_path):
+    # The same 50 conversations, each in both spellings: every second copy is a duplicate.
+    records = [_record(i, sharegpt=i >= 50) for i in range(100)]
+    pool = tmp_path / "pool.jsonl"
+    _write(pool, records)
+    result = read_pool([pool], load_taxonomy())
+    assert result.duplicates == 50
+    first = list(result.records)
+    again = list(result.records)  # read again through the shared caches
+    assert [r.payload for r in again] == [r.payload for r in first]
+    assert len({r.text_key for r in first}) == 50
