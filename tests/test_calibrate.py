@@ -300,6 +300,7 @@ def test_stratified_subsample_keeps_proportions():
 
 BAD_RECORDS = [
     ("{not json", "malformed JSON"),
+    ('{"task": "ocr", "messages": [{"role": "user", "content": "hi \\ud800"}]}', "UTF-16 surrogate"),
     ('["a list"]', "must be a JSON object"),
     ('{"task": "ocr", "images": []}', "missing field 'messages'"),
     ('{"task": "ocrr", "messages": [{"role": "user", "content": "hi"}]}', "did you mean 'ocr'"),

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from quantkit.pool.record import RecordError
+from quantkit.pool.record import RecordError, not_unicode
 
 _decoder = json.JSONDecoder()
 _decode_json = _decoder.decode  # json.loads(str) with default settings
@@ -70,6 +70,8 @@ def read_jsonl(path: Path, parse: Parse, on_error: OnError, on_bytes: Callable[[
                 parse(row, number, start)
             except RecordError as err:
                 on_error(number, err)
+            except UnicodeEncodeError as err:
+                on_error(number, not_unicode(err))
     if on_bytes is not None and offset > reported:
         on_bytes(offset - reported)
 
@@ -130,6 +132,8 @@ def read_json_array(
             parse(row, line, index)
         except RecordError as err:
             on_error(line, err)
+        except UnicodeEncodeError as err:
+            on_error(line, not_unicode(err))
         index = skip(end)
         if index < n and text[index] == ",":
             index = skip(index + 1)

@@ -26,7 +26,7 @@ from quantkit.pool.dedupe import drop_duplicates, id_conflicts
 from quantkit.pool.index import PoolIndex
 from quantkit.pool.jsonfile import json_array_at, jsonl_at, read_json_array, read_jsonl
 from quantkit.pool.parse import MediaProbe, ParseContext, RecordParser
-from quantkit.pool.record import PoolReadResult, RecordError, SkippedRecord, SourceStats
+from quantkit.pool.record import PoolReadResult, RecordError, SkippedRecord, SourceStats, not_unicode
 from quantkit.pool.sources import Source, resolve_sources
 from quantkit.pool.tables import iter_table, table_at
 from quantkit.taskassign import ORIGINS
@@ -186,6 +186,8 @@ def _read_sources(
                     parse(row, number, number - 1)
                 except RecordError as err:
                     on_error(number, err)
+                except UnicodeEncodeError as err:
+                    on_error(number, not_unicode(err))
         _count_source(stats, index, before, assigner, origins_before)
         result.inputs[str(path)] = digest()
     return result

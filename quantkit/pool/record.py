@@ -15,6 +15,16 @@ class RecordError(ValueError):
     """A record that fails validation; the message is the reason shown to the user."""
 
 
+def not_unicode(err: UnicodeEncodeError) -> RecordError:
+    """A text holding a lone UTF-16 surrogate (JSON allows ``"\\ud800"``; UTF-8 has no such
+    character, so the record could be neither hashed nor written)."""
+    bad = err.object[err.start : err.end]
+    return RecordError(
+        f"text holds {bad!r}, half of a UTF-16 surrogate pair: not valid Unicode; "
+        "fix or drop that \\u escape"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class RecordJson:
     """The JSON of a record's fields other than its id and messages, shared by every record of one
