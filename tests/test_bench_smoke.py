@@ -109,6 +109,19 @@ def test_run_all_keeps_the_sections_other_benches_wrote(tmp_path):
     assert "| quantkit --help | 0.8 s |" in text and "## Memory plan (issue 16)\n\n0.95" in text
 
 
+def test_run_all_drops_its_own_section_it_no_longer_writes(tmp_path):
+    """A section run_all owns but did not write this time (renamed, or left out) is not kept as
+    though another bench had written it."""
+    run_all = bench_module("run_all")
+    results = tmp_path / "RESULTS.md"
+    results.write_text(
+        "# Benchmark results\n\n## GPU serving speed (vLLM)\n\nstale\n\n## Memory plan (issue 16)\n\n0.95\n"
+    )
+    text = run_all.with_other_sections("# Benchmark results\n\n## GPU speed\n\nnew\n", results)
+    assert "stale" not in text and "## GPU serving speed" not in text
+    assert "## Memory plan (issue 16)\n\n0.95" in text
+
+
 def test_source_hash_follows_the_files_that_made_a_row(tmp_path):
     """A cached real-weights row is keyed by the quantkit files its process had loaded: a change
     to one of them changes the key, a change elsewhere (or to documentation) does not."""
