@@ -47,6 +47,22 @@ def test_overhead_bench_fails_naming_a_step_that_moved():
     assert "quantkit.quantize.run.check_scales" in proc.stderr and "moved on" in proc.stderr
 
 
+def test_overhead_bench_fails_naming_a_step_no_longer_called():
+    """A timed step that still exists but quantize no longer calls stops the bench (exit 1, the
+    step named) instead of timing it as 0 s; a step that was called, or that the bench's recipe
+    is known not to call, is not named."""
+    code = (
+        f"import sys; sys.path.insert(0, {str(BENCH)!r}); import quantize_overhead as qo; "
+        "import quantkit.export as export; calls = qo._instrument({})\n"
+        "try:\n    export.render_model_card({})\nexcept Exception:\n    pass\n"
+        "raise qo.NotCalled(qo.uncalled_steps(calls))"
+    )
+    proc = run_script("-c", code, timeout=120)
+    assert proc.returncode == 1
+    assert "quantkit.quantize.run.check_scales" in proc.stderr and "0 calls in run A" in proc.stderr
+    assert "render_model_card" not in proc.stderr and "check_smoothquant_mappings" not in proc.stderr
+
+
 def test_gpu_bench_skips_without_cuda():
     import torch
 
