@@ -179,6 +179,10 @@ def _packed_weights(folder: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+# Not tiny-qwen2.5-omni: llmcompressor's tracer takes its whole thinker as 1 of 4 subgraphs
+# ("wrapped code which calls sequential targets"), so the plain oneshot calibrates no layer and
+# saves uninitialised scales (0, 4.6e-41, 1.3e37); quantkit's, from the decoder alone, are the
+# weights' own group min-max. There is no plain whole-model reference to compare against.
 @pytest.mark.parametrize("name", ["tiny-qwen3-vl", "tiny-qwen2.5-vl"])
 def test_quantize_gives_the_int4_weights_llmcompressor_gives_on_the_whole_model(
     zoo_model, media, tmp_path, name
