@@ -38,9 +38,10 @@ def load_yaml_model(path: Path, model: type[Model], *, what: str) -> Model:
     if not path.is_file():
         raise InputError(f"{what} file not found", path=path)
     text = path.read_text(encoding="utf-8")
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         try:  # libyaml where built in: ~8x faster; its error wording is terser, so errors re-parse
-            data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            data = yaml.load(text, Loader=loader)
         except yaml.YAMLError:
             data = yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -55,9 +56,13 @@ def load_yaml_model(path: Path, model: type[Model], *, what: str) -> Model:
         first = err.errors()[0]
         loc = tuple(first["loc"])
         field = ".".join(str(part) for part in loc) or "(top level)"
+        try:  # the node tree only to name the line, from the loader that parsed the text
+            line = _line_of(yaml.compose(text, Loader=loader), loc)
+        except yaml.YAMLError:
+            line = None
         raise InputError(
             f"invalid {what}: field '{field}': {first['msg']}",
             path=path,
-            line=_line_of(yaml.compose(text), loc),  # the node tree only to name the line
+            line=line,
             hint=f"{len(err.errors())} problem(s) in all" if len(err.errors()) > 1 else None,
         ) from None

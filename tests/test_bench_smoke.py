@@ -47,6 +47,22 @@ def test_overhead_bench_fails_naming_a_step_that_moved():
     assert "quantkit.quantize.run.check_scales" in proc.stderr and "moved on" in proc.stderr
 
 
+def test_overhead_bench_fails_naming_a_step_no_longer_called():
+    """A timed step that still exists but quantize no longer calls stops the bench (exit 1, the
+    step named) instead of timing it as 0 s; a step that was called, or that the bench's recipe
+    is known not to call, is not named."""
+    code = (
+        f"import sys; sys.path.insert(0, {str(BENCH)!r}); import quantize_overhead as qo; "
+        "import quantkit.export as export; calls = qo._instrument({})\n"
+        "try:\n    export.render_model_card({})\nexcept Exception:\n    pass\n"
+        "raise qo.NotCalled(qo.uncalled_steps(calls))"
+    )
+    proc = run_script("-c", code, timeout=120)
+    assert proc.returncode == 1
+    assert "quantkit.quantize.run.check_scales" in proc.stderr and "0 calls in run A" in proc.stderr
+    assert "render_model_card" not in proc.stderr and "check_smoothquant_mappings" not in proc.stderr
+
+
 def test_gpu_bench_skips_without_cuda():
     import torch
 
@@ -107,6 +123,19 @@ def test_run_all_keeps_the_sections_other_benches_wrote(tmp_path):
     text = run_all.with_other_sections("# Benchmark results\n\n## Calibrate (issue 3)\n\nnew 3.10\n", results)
     assert "new 3.10" in text and "old 3.90" not in text and text.count("## Calibrate") == 1
     assert "| quantkit --help | 0.8 s |" in text and "## Memory plan (issue 16)\n\n0.95" in text
+
+
+def test_run_all_drops_its_own_section_it_no_longer_writes(tmp_path):
+    """A section run_all owns but did not write this time (renamed, or left out) is not kept as
+    though another bench had written it."""
+    run_all = bench_module("run_all")
+    results = tmp_path / "RESULTS.md"
+    results.write_text(
+        "# Benchmark results\n\n## GPU serving speed (vLLM)\n\nstale\n\n## Memory plan (issue 16)\n\n0.95\n"
+    )
+    text = run_all.with_other_sections("# Benchmark results\n\n## GPU speed\n\nnew\n", results)
+    assert "stale" not in text and "## GPU serving speed" not in text
+    assert "## Memory plan (issue 16)\n\n0.95" in text
 
 
 def test_source_hash_follows_the_files_that_made_a_row(tmp_path):

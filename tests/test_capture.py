@@ -179,7 +179,14 @@ def _packed_weights(folder: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def test_quantize_gives_the_int4_weights_llmcompressor_gives_on_the_whole_model(zoo_model, media, tmp_path):
+# Not tiny-qwen2.5-omni: llmcompressor's tracer takes its whole thinker as 1 of 4 subgraphs
+# ("wrapped code which calls sequential targets"), so the plain oneshot calibrates no layer and
+# saves uninitialised scales (0, 4.6e-41, 1.3e37); quantkit's, from the decoder alone, are the
+# weights' own group min-max. There is no plain whole-model reference to compare against.
+@pytest.mark.parametrize("name", ["tiny-qwen3-vl", "tiny-qwen2.5-vl"])
+def test_quantize_gives_the_int4_weights_llmcompressor_gives_on_the_whole_model(
+    zoo_model, media, tmp_path, name
+):
     """quantkit calibrates the decoder alone on captured inputs; llmcompressor's own oneshot on the
     whole model (its ``independent`` pipeline, sequential at the decoder layer, every calibration
     forward under the library's eager attention) must give the same int4 weights, bit for bit.
@@ -193,10 +200,8 @@ def test_quantize_gives_the_int4_weights_llmcompressor_gives_on_the_whole_model(
     from quantkit.models.inputs import processor_inputs
     from quantkit.recipes.modifiers import preset_name
 
-    name = "tiny-qwen3-vl"
     model_dir = zoo_model(name)
-    chosen = [(s, label) for s, label in zip(*samples_for(name, media), strict=True) if label != "text"]
-    samples, labels = [s for s, _ in chosen], [label for _, label in chosen]
+    samples, labels = samples_for(name, media)  # text rows too: their inputs hold no media
     recipe = get_recipe("w4a16")
     ours = quantize(model_dir, tmp_path / "quantkit", recipe, samples, sample_labels=labels, progress=False)
 
