@@ -21,6 +21,13 @@ Runs (each a separate checkpoint; a finished one is reused on the next invocatio
                        the recipe with symmetric: true (no zero points), without and with --avg-bits
   quantkit-w8a8-sq-gptq, quantkit-fp8, quantkit-fp8-dynamic
                        the 8-bit recipes as shipped
+  quantkit-nvfp4-a16, quantkit-nvfp4, quantkit-w4a8-fp8, quantkit-fp8-block
+                       the 2026 recipes as shipped (issue 21), each next to llmcompressor alone
+  plain-nvfp4-a16, plain-nvfp4, plain-w4a8-fp8, plain-fp8-block
+                       with the same preset as its examples use it: QuantizationModifier with
+                       NVFP4A16 (data-free), NVFP4 (calibrated), FP8_BLOCK (data-free);
+                       GPTQModifier with W4AFP8 (GPTQ, as the w4a8-fp8 recipe). A run the library
+                       or quantkit refuses on this model is stored with the error it raised.
 With --all, also:
   rtn-g64-4.5-density, rtn-g64-4.5-score, rtn-g64-4.5-fisher
                        round-to-nearest with --avg-bits 4.5 layers at 8 bits, picked by KL per
@@ -31,6 +38,12 @@ With --all, also:
   quantkit-w4a16-4.5-kl  --avg-bits 4.5 on the measured KL table (`quantkit sensitivity`, ~25 min)
   quantkit-asym-g32, quantkit-asym-g32-4.5
                        zero points with group 32 (the GGUF's own grid), without and with --avg-bits
+  quantkit-w4a16-awq, plain-w4a16-awq
+                       the w4a16-awq recipe as shipped, and llmcompressor alone: AWQModifier (its
+                       own Llama mappings) + QuantizationModifier with the W4A16_ASYM preset at
+                       group 64 (what quantkit chooses for 576 in-features; the preset's 128 does
+                       not divide them). Both on AWQ_CALIB_SAMPLES windows only (AWQ's grid search:
+                       ~2.5 min per decoder layer at 64 windows on one thread); the rows say so.
 
 Caveat: the weights come from a Q4_1 GGUF, so they already lie on an asymmetric group-32 4-bit
 grid; asym-g32 runs re-quantize onto (nearly) that grid and flatter 4-bit results on this model.
@@ -38,7 +51,7 @@ grid; asym-g32 runs re-quantize onto (nearly) that grid and flatter 4-bit result
 Usage:
   HF_HUB_OFFLINE=1 PYTHONPATH=. .venv/bin/python bench/mixed_precision.py [--work DIR]
       [--calib-samples 64] [--eval-windows 20] [--runs a,b,...] [--all]
-GPTQ takes 4-10 min per run on 2 cores: the default set is ~60 min. Results go to --results
+GPTQ takes 4-10 min per run on 2 cores: the default set is ~75 min (the 2026 pairs ~15 of it). Results go to --results
 (default DIR/results.json; `make bench` and `make bench-real`: bench/real_weights.json), updated
 after every run, and a markdown table of the runs asked for on stdout.
 
@@ -76,21 +89,33 @@ JARGON = (Path("/usr/share/doc/jargon-text/jargon.txt.gz"), Path("/usr/share/jar
 WINDOW = 512
 AVG_BITS = 4.5
 EIGHT_BIT_RUNS = ["quantkit-w8a8-sq-gptq", "quantkit-fp8", "quantkit-fp8-dynamic"]
+# The 2026 recipes (issue 21) that take minutes here (or fail at once on SmolLM2's 576 in-features).
+RECIPES_2026 = ["quantkit-nvfp4-a16", "quantkit-nvfp4", "quantkit-w4a8-fp8", "quantkit-fp8-block"]
+AWQ_RUNS = ["plain-w4a16-awq", "quantkit-w4a16-awq"]
+# Runs of a shipped recipe, unchanged (the others are w4a16 variants).
+SHIPPED_RUNS = [*EIGHT_BIT_RUNS, *RECIPES_2026, "quantkit-w4a16-awq"]
+# Runs calibrated on fewer windows than --calib-samples (the AWQ pair: AWQ's grid search runs every
+# attention and MLP block 20 times per smoothing step over every window, ~2.5 min per decoder layer
+# at 64 windows on one thread). Part of the run's key and shown in its row.
+AWQ_CALIB_SAMPLES = 2
+CALIB_OVERRIDE = dict.fromkeys(AWQ_RUNS, AWQ_CALIB_SAMPLES)
 # llmcompressor alone, per quantkit recipe: the notes' baselines, on the same windows.
 PLAIN_PRESETS = {
     "plain-gptq-g64": "quantkit-w4a16",
     "plain-w8a8-sq-gptq": "quantkit-w8a8-sq-gptq",
     "plain-fp8": "quantkit-fp8",
     "plain-fp8-dynamic": "quantkit-fp8-dynamic",
+    **{name.replace("quantkit-", "plain-", 1): name for name in [*RECIPES_2026, "quantkit-w4a16-awq"]},
 }
 DEFAULT_RUNS = [
     "rtn-g64",
-    *PLAIN_PRESETS,
+    *(plain for plain, ours in PLAIN_PRESETS.items() if ours not in AWQ_RUNS),
     "quantkit-w4a16",
     "quantkit-w4a16-4.5",
     "quantkit-w4a16-sym",
     "quantkit-w4a16-sym-4.5",
     *EIGHT_BIT_RUNS,
+    *RECIPES_2026,
 ]
 # Runs ranked by the measured KL table (quantkit sensitivity, method kl: ~25 min on 2 cores).
 KL_TABLE_RUNS = {"rtn-g64-4.5-density", "rtn-g64-4.5-score", "quantkit-w4a16-4.5-kl", "quantkit-asym-g32-4.5"}
@@ -104,6 +129,7 @@ ALL_RUNS = [
     "quantkit-w4a16-4.5-kl",
     "quantkit-asym-g32",
     "quantkit-asym-g32-4.5",
+    *AWQ_RUNS,
 ]
 
 
@@ -265,8 +291,25 @@ def score(model, ref: Reference, *, reference: bool = False) -> dict:
 
 
 def load_checkpoint(path: Path):
+    """The checkpoint in float32, decompressed by transformers (compressed-tensors). NVFP4:
+    compressed-tensors 0.19 dequantizes FP4 weights in bfloat16 whatever the model's dtype (its
+    unpack's default; with llmcompressor imported it does so at every forward), and the float32
+    forward then fails on the dtype mismatch. In this process their dequantized weights are cast
+    to float32 as they are made (bfloat16 holds the FP4 x FP8-scale products; the global scale's
+    division is rounded once), so every row is scored in float32 alike."""
+    from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
     from transformers import AutoModelForCausalLM
 
+    if not getattr(NVFP4PackedCompressor, "bench_float32", False):
+        library = NVFP4PackedCompressor.decompress
+
+        def decompress(state_dict, scheme):
+            out = library(state_dict, scheme)
+            out["weight"] = out["weight"].float()
+            return out
+
+        NVFP4PackedCompressor.decompress = staticmethod(decompress)
+        NVFP4PackedCompressor.bench_float32 = True
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
 
@@ -275,11 +318,14 @@ def load_checkpoint(path: Path):
 
 def plain_oneshot(folder: Path, calib: list[torch.Tensor], output: Path, run: str) -> dict:
     """What notes/feasibility.md measured: llmcompressor alone on raw windows, "Linear" minus
-    lm_head: GPTQ W4A16 group 64 (symmetric), SmoothQuant 0.8 + GPTQ W8A8, static FP8, FP8_DYNAMIC."""
-    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    lm_head: GPTQ W4A16 group 64 (symmetric), SmoothQuant 0.8 + GPTQ W8A8, static FP8, FP8_DYNAMIC;
+    and the 2026 presets as llmcompressor's examples apply them: AWQ + W4A16_ASYM (group 64),
+    NVFP4, NVFP4A16 and FP8_BLOCK (the last two data-free), GPTQ with W4AFP8."""
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme, preset_name_to_scheme
     from datasets import Dataset
     from llmcompressor import oneshot
     from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
+    from llmcompressor.modifiers.transform.awq import AWQModifier
     from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
     from transformers import AutoModelForCausalLM
 
@@ -303,21 +349,49 @@ def plain_oneshot(folder: Path, calib: list[torch.Tensor], output: Path, run: st
     elif run in ("plain-fp8", "plain-fp8-dynamic"):
         preset = "FP8" if run == "plain-fp8" else "FP8_DYNAMIC"
         recipe = [QuantizationModifier(targets=["Linear"], scheme=preset, ignore=["lm_head"])]
+    elif run in PLAIN_2026_PRESETS:
+        preset = PLAIN_2026_PRESETS[run]
+        recipe = [QuantizationModifier(targets=["Linear"], scheme=preset, ignore=["lm_head"])]
+    elif run == "plain-w4a8-fp8":
+        recipe = [GPTQModifier(targets=["Linear"], scheme="W4AFP8", ignore=["lm_head"])]
+    elif run == "plain-w4a16-awq":
+        weights = preset_name_to_scheme("W4A16_ASYM", ["Linear"]).weights.model_copy(update={"group_size": 64})
+        scheme = QuantizationScheme(targets=["Linear"], weights=weights)
+        recipe = [AWQModifier(), QuantizationModifier(config_groups={"group_0": scheme}, ignore=["lm_head"])]
     else:
         raise ValueError(run)
-    started = time.perf_counter()
-    oneshot(
-        model=model,
-        dataset=data,
-        recipe=recipe,
-        num_calibration_samples=len(calib),
-        max_seq_length=max(len(w) for w in calib),
+    # The data-free presets' examples call oneshot without a dataset.
+    calibration = {} if run in PLAIN_DATA_FREE else dict(
+        dataset=data, num_calibration_samples=len(calib), max_seq_length=max(len(w) for w in calib)
     )
+    from quantkit.quantize.pipelines import no_pinned_memory_without_cuda
+
+    started = time.perf_counter()
+    # llmcompressor's AWQ pins its cached inputs for GPU copies, which raises without a CUDA
+    # driver; quantkit makes that a no-op on CPU-only machines, and so does llmcompressor alone here.
+    with no_pinned_memory_without_cuda():
+        oneshot(model=model, recipe=recipe, **calibration)
     wall = time.perf_counter() - started
     set_saved_dtype(model, torch.bfloat16)
     model.save_pretrained(output, save_compressed=True)
     copy_sidecar_files(folder, output)  # the tokenizer, so that `quantkit eval` can run it too
     return {"oneshot_s": round(wall, 1)}
+
+
+# llmcompressor presets applied by one QuantizationModifier, and those its examples run data-free.
+PLAIN_2026_PRESETS = {"plain-nvfp4": "NVFP4", "plain-nvfp4-a16": "NVFP4A16", "plain-fp8-block": "FP8_BLOCK"}
+PLAIN_DATA_FREE = {"plain-nvfp4-a16", "plain-fp8-block"}
+
+
+def failure(exc: BaseException, limit: int = 200) -> str:
+    """What a run raised, shortened for its row: the type and the first line of the message of
+    the innermost exception that has one (llmcompressor wraps what fails inside calibration)."""
+    chain = [exc]
+    while (inner := chain[-1].__cause__ or chain[-1].__context__) is not None and inner not in chain:
+        chain.append(inner)
+    named = [e for e in chain if str(e).strip()] or chain
+    text = f"{type(named[-1]).__name__}: {str(named[-1]).strip().splitlines()[0] if str(named[-1]).strip() else ''}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def chat_windows(tokenizer, calib: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -467,6 +541,7 @@ MEASURING = (
     score,
     load_checkpoint,
     plain_oneshot,
+    failure,
     chat_windows,
     quantkit_run,
     stored_bits,
@@ -500,18 +575,20 @@ def run_spec(name: str, variants: dict) -> dict:
     """What one run does beyond the shared code: its recipe, budget and ranking."""
     from quantkit.recipes import get_recipe
 
+    calib = {"calib_samples": CALIB_OVERRIDE[name]} if name in CALIB_OVERRIDE else {}
     if name.startswith("quantkit-"):
         recipe = (
             get_recipe(name.removeprefix("quantkit-"))
-            if name in EIGHT_BIT_RUNS
+            if name in SHIPPED_RUNS
             else variants[name.removesuffix("-kl").removesuffix("-4.5")]
         )
         return {
             "recipe": recipe.model_dump(mode="json"),
             "avg_bits": AVG_BITS if "-4.5" in name else None,
             "sensitivity": "kl table" if name in KL_TABLE_RUNS else "inside quantize",
+            **calib,
         }
-    return {"run": name}  # plain-* and rtn-*: defined by the measuring code above
+    return {"run": name, **calib}  # plain-* and rtn-*: defined by the measuring code above
 
 
 def provenance(name: str, spec: dict, settings: dict, state: dict, files: list[str] | None) -> dict:
@@ -571,6 +648,13 @@ def markdown(results: dict, reference: dict, expected) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in results.items():
+        label = f"{name} ({row['calib_samples']} calibration windows)" if row.get("calib_samples") else name
+        if "failed" in row:
+            lines.append(
+                f"| {label} | - | - | failed: `{row['failed']}` | - | - | - | {row['run_s']:.0f} s to fail | "
+                f"{made_by(row, expected.get(name))} |"
+            )
+            continue
         if "ppl" not in row:
             continue
         # Legacy rows keep the change they were printed with (their ppl and reference are rounded).
@@ -580,7 +664,7 @@ def markdown(results: dict, reference: dict, expected) -> str:
         if row.get("sensitivity_s"):
             timing += f" + {row['sensitivity_s']:.0f} s sensitivity"
         lines.append(
-            f"| {name} | {row.get('avg_bits') or '-'} | {row.get('effective_bits') or '-'} | {row['ppl']:.2f} | "
+            f"| {label} | {row.get('avg_bits') or '-'} | {row.get('effective_bits') or '-'} | {row['ppl']:.2f} | "
             f"{change:+.1f}% | {row['kl']:.3f} | {row['top1']:.3f} | {timing} | {made_by(row, expected.get(name))} |"
         )
     return "\n".join(lines)
@@ -676,6 +760,11 @@ def _change(row: dict, reference: dict) -> float:
     return 100 * (row["ppl"] / row.get("reference_ppl", reference["ppl"]) - 1)
 
 
+def measured(row: dict) -> bool:
+    """A row with figures, or one whose run raised (``failed``: the error, measured)."""
+    return "ppl" in row or "failed" in row
+
+
 def current_rows(runs: dict, expected) -> dict:
     """The rows made by the code as it is (their key matches)."""
     return {
@@ -732,7 +821,8 @@ def verdicts(done: dict, reference: dict) -> list[str]:
 def results_section(saved: dict, wall_note: str, expected) -> str:
     settings, reference = saved["settings"], saved["reference"]
     current = current_rows(saved["runs"], expected)
-    kept = [name for name, row in saved["runs"].items() if "ppl" in row and name not in current]
+    kept = [name for name, row in saved["runs"].items() if measured(row) and name not in current]
+    fewer = sorted({row["calib_samples"] for row in saved["runs"].values() if row.get("calib_samples")})
     cost = (saved.get("sensitivity") or {}).get("cost") or {}
     fisher = (saved.get("sensitivity_fisher") or {}).get("cost") or {}
     lines = [
@@ -743,7 +833,16 @@ def results_section(saved: dict, wall_note: str, expected) -> str:
         f"tokens from the first 60%, {settings['eval_windows']} disjoint evaluation windows from the last 40%. "
         "Every checkpoint is reloaded with transformers in float32 and scored against the float32 original on "
         "the same windows. quantkit runs calibrate on the windows as chat turns (as a calibration set holds "
-        "them); llmcompressor alone (the plain-* rows) on the raw windows.",
+        "them); llmcompressor alone (the plain-* rows) on the raw windows."
+        + (
+            f" Rows naming {' or '.join(map(str, fewer))} calibration windows were calibrated on that many, evenly "
+            "spread over the same 60% (the AWQ pair: AWQ's grid search is ~2.5 min per decoder layer at 64 windows "
+            "on one thread); their settings differ from the other rows'."
+            if fewer
+            else ""
+        )
+        + " A `failed` row is a run that raised: the error (type and first line of the innermost message), as "
+        "measured by this bench.",
         "",
         "\"made by\": the git commit of the code that measured the row (\"+\": with local changes). A row is "
         "re-measured when quantkit's source, the recipe, this bench's measuring code or a library version changes; "
@@ -752,6 +851,17 @@ def results_section(saved: dict, wall_note: str, expected) -> str:
         + (f" ({', '.join(kept)})." if kept else "."),
         "",
         markdown(saved["runs"], reference, expected),
+        *(
+            [
+                "",
+                "The nvfp4 rows' bit columns are twice the true figures: `stored_bits` counts each byte of "
+                "`weight_packed` (two FP4 weights) as one weight, so they read 4.0 and 4.5 bits (FP4 values, one FP8 "
+                "scale per 16) plus a per-tensor global scale. Correcting it changes the measuring code and "
+                "re-measures every row; not done yet.",
+            ]
+            if any("nvfp4" in name and "ppl" in row for name, row in saved["runs"].items())
+            else []
+        ),
         "",
         *harness_table(saved.get("harness") or {}, saved["runs"], expected),
         "",
@@ -880,10 +990,10 @@ def main() -> None:
         save()
     for name in runs:
         row = saved["runs"].get(name)
-        if row and "ppl" in row and (row.get("provenance") or {}).get("key") == expected[name]["key"]:
+        if row and measured(row) and (row.get("provenance") or {}).get("key") == expected[name]["key"]:
             print(f"{name}: cached (made by {row['provenance']['commit']}, same code)", flush=True)
             continue
-        if row and "ppl" in row:
+        if row and measured(row):
             commit = (row.get("provenance") or {}).get("commit") or "unknown"
             print(f"{name}: the stored row was made by {commit} with other code: measuring again", flush=True)
         clock = time.perf_counter()
@@ -896,27 +1006,34 @@ def main() -> None:
             selection = None if name == "rtn-g64" else name.rsplit("-", 1)[1]
             row = rtn_run(folder, adapter, table, ref, selection)
         else:
-            if name.startswith("plain-") and name.endswith("-chat"):
-                info = plain_oneshot(folder, chat_windows(tokenizer, calib), output, name)
-            elif name.startswith("plain-"):
-                info = plain_oneshot(folder, calib, output, name)
-            else:
-                if name in EIGHT_BIT_RUNS:
-                    recipe = get_recipe(name.removeprefix("quantkit-"))
+            run_calib = windows(tokenizer, CALIB_OVERRIDE[name], args.eval_windows)[0] if name in CALIB_OVERRIDE else calib
+            try:
+                if name.startswith("plain-") and name.endswith("-chat"):
+                    info = plain_oneshot(folder, chat_windows(tokenizer, run_calib), output, name)
+                elif name.startswith("plain-"):
+                    info = plain_oneshot(folder, run_calib, output, name)
                 else:
-                    recipe = variants[name.removesuffix("-kl").removesuffix("-4.5")]
-                info = quantkit_run(
-                    folder,
-                    adapter,
-                    tokenizer,
-                    calib,
-                    output,
-                    recipe=recipe,
-                    avg_bits=AVG_BITS if "-4.5" in name else None,
-                    # -4.5: ranked inside quantize (what users get); -kl and asym-g32-4.5: the KL table
-                    sensitivity=table if name in KL_TABLE_RUNS else None,
-                )
-            row = {**info, **stored_bits(output), **score(load_checkpoint(output), ref)}
+                    if name in SHIPPED_RUNS:
+                        recipe = get_recipe(name.removeprefix("quantkit-"))
+                    else:
+                        recipe = variants[name.removesuffix("-kl").removesuffix("-4.5")]
+                    info = quantkit_run(
+                        folder,
+                        adapter,
+                        tokenizer,
+                        run_calib,
+                        output,
+                        recipe=recipe,
+                        avg_bits=AVG_BITS if "-4.5" in name else None,
+                        # -4.5: ranked inside quantize (what users get); -kl and asym-g32-4.5: the KL table
+                        sensitivity=table if name in KL_TABLE_RUNS else None,
+                    )
+                row = {**info, **stored_bits(output), **score(load_checkpoint(output), ref)}
+            except Exception as exc:  # the recipe cannot run on this model: the row records what it raised
+                row = {"failed": failure(exc)}
+                print(f"{name}: failed: {row['failed']}", flush=True)
+            if name in CALIB_OVERRIDE:
+                row["calib_samples"] = len(run_calib)
         row["run_s"] = round(time.perf_counter() - clock, 1)
         row["reference_ppl"] = ref.result["ppl"]
         saved["runs"][name] = row

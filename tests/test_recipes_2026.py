@@ -271,7 +271,7 @@ SCHEME_CLASSES = {
     "W4A16": ((8, 0), "CompressedTensorsWNA16"),
 }
 VLLM_MATCHER = r"""
-import json, sys
+import enum, inspect, json, sys
 import torch
 from vllm.model_executor.layers.quantization.compressed_tensors import compressed_tensors as ct
 from vllm.model_executor.layers.quantization.compressed_tensors.schemes import CompressedTensorsScheme
@@ -281,10 +281,24 @@ type(ct.current_platform).get_device_capability = classmethod(lambda cls, device
 
 # The matcher's choice, not the kernels: each scheme class records its arguments instead of
 # building (building reads a running engine's config). The capability check stays the class's own.
+def plain(value):
+    if isinstance(value, enum.Enum):
+        return value.value
+    if hasattr(value, "model_dump"):  # compressed-tensors QuantizationArgs
+        return value.model_dump(mode="json")
+    return value
+
 def recorder(cls):
+    signature = inspect.signature(cls.__init__)
     class Picked:
         def __init__(self, *args, **kwargs):
-            self.label = cls.__name__ + ("(use_a16=True)" if kwargs.get("use_a16") else "")
+            bound = signature.bind(None, *args, **kwargs)  # with the class's own defaults
+            bound.apply_defaults()
+            given = {k: plain(v) for k, v in list(bound.arguments.items())[1:] if k != "layer_name"}
+            self.label = {
+                "class": cls.__name__ + ("(use_a16=True)" if given.get("use_a16") else ""),
+                "args": given,
+            }
 
         get_min_capability = cls.get_min_capability
     return Picked
@@ -307,9 +321,46 @@ print("ANSWER" + json.dumps(answers))
 
 def vllm_scheme_classes(python, jobs: list[tuple]) -> list[dict]:
     """Per (checkpoint, capability, layer names): each name's scheme class as vLLM's
-    CompressedTensorsConfig picks it (None: unquantized). One vLLM import for all."""
+    CompressedTensorsConfig picks it (None: unquantized), ``{"class", "args"}``: the class and the
+    arguments the matcher builds it with (layer_name left out). One vLLM import for all."""
     request = [{"config": str(c / "config.json"), "capability": list(cap), "names": n} for c, cap, n in jobs]
     return vllm_answer(python, VLLM_MATCHER, json.dumps(request))
+
+
+# What decides the kernel, per scheme class: the arguments vLLM's matcher passes it.
+WEIGHT_FIELDS = ("num_bits", "type", "strategy", "symmetric", "dynamic", "group_size", "block_structure")
+GROUP_ARGS = ("num_bits", "strategy", "group_size", "symmetric")
+
+
+def expected_kernel_args(recipe_name: str, result, module: str) -> dict:
+    """The arguments vLLM should build layer ``module``'s scheme class with, from the
+    compressed-tensors scheme the recipe resolves to: the preset, with the group size quantize
+    chose for the model and the MoE experts' symmetric weights (quantkit.precision.mixed)."""
+    from quantkit.precision.mixed import four_bit_symmetric
+
+    recipe = get_recipe(recipe_name)
+    group_size = result.precision.group_sizes([module])[module] if result.precision else None
+    scheme = resolved_scheme(recipe, group_size=group_size)
+    weights, inputs = scheme["weights"], scheme.get("input_activations")
+    label = SCHEME_CLASSES[recipe.scheme][1]
+    if label.startswith("CompressedTensorsW4A4Fp4"):  # NVFP4: its groups of 16 are the class's own
+        return {"use_a16": inputs is None}
+    if label == "CompressedTensorsW8A8Fp8":
+        return {
+            "weight_quant": {k: weights.get(k) for k in WEIGHT_FIELDS},
+            "is_static_input_scheme": bool(inputs) and not inputs["dynamic"],
+        }
+    args = {k: weights.get(k) for k in GROUP_ARGS}
+    args["symmetric"] = four_bit_symmetric(module, weights["symmetric"])
+    return args
+
+
+def kernel_args(found: dict, expected: dict) -> dict:
+    """The recorded arguments, cut to what ``expected`` names (nested dicts alike)."""
+    return {
+        k: kernel_args(found.get(k) or {}, v) if isinstance(v, dict) else found.get(k, "<missing>")
+        for k, v in expected.items()
+    }
 
 
 @pytest.mark.slow
@@ -317,6 +368,8 @@ def vllm_scheme_classes(python, jobs: list[tuple]) -> list[dict]:
 @pytest.mark.parametrize("recipe_name", list(NEW_RECIPES))
 def test_vllm_matcher_resolves_each_layer_to_the_scheme_class(quantized, zoo_model, recipe_name):
     """On every zoo model: every quantized language-model layer to the recipe's scheme class,
+    built with the arguments that decide its kernel as the recipe's preset has them (bits,
+    strategy, group size or blocks, zero points, static or dynamic inputs, weight-only FP4);
     every kept Linear (towers, head: the names the checkpoint's ignore list holds) to none."""
     capability, expected = SCHEME_CLASSES[NEW_RECIPES[recipe_name][0]]
     jobs, checks = [], []
@@ -326,11 +379,16 @@ def test_vllm_matcher_resolves_each_layer_to_the_scheme_class(quantized, zoo_mod
         prefix = adapter.serving.prefix if adapter.serving else ""
         config = json.loads((result.output / "config.json").read_text())
         kept = [entry for entry in config["quantization_config"]["ignore"] if not entry.startswith("re:")]
-        layers = [prefix + module for module in result.quantized_modules]
-        jobs.append((result.output, capability, layers + kept))
-        checks.append((name, layers, kept))
-    for (name, layers, kept), found in zip(checks, vllm_scheme_classes(vllm_python(), jobs), strict=True):
-        assert {found[n] for n in layers} == {expected}, name
+        layers = {prefix + module: module for module in result.quantized_modules}
+        jobs.append((result.output, capability, [*layers, *kept]))
+        checks.append((name, result, layers, kept))
+    for (name, result, layers, kept), found in zip(
+        checks, vllm_scheme_classes(vllm_python(), jobs), strict=True
+    ):
+        assert {(found[n] or {}).get("class") for n in layers} == {expected}, name
+        for served, module in layers.items():
+            want = expected_kernel_args(recipe_name, result, module)
+            assert kernel_args(found[served]["args"], want) == want, (name, served)
         assert kept and all(found[n] is None for n in kept), name
 
 
