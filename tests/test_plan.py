@@ -318,6 +318,8 @@ def test_a_fixed_block_width_that_does_not_divide_a_layer_is_refused_from_the_co
         with pytest.raises(InputError, match=r"mlp\.down_proj \(576\)") as refused:
             plan(bare, get_recipe(name), text_samples(2))
         assert "w4a16" in refused.value.hint
+        # The plan holds one decoder layer per kind; the message counts the whole model's layers.
+        assert f"and {config['num_hidden_layers']} language-model layer(s)" in str(refused.value)
     plan(bare, get_recipe("nvfp4"), text_samples(2))  # groups of 16 divide 576
     result = runner.invoke(
         app, ["quantize", str(bare), "--recipe", "fp8-block", "--output", str(tmp_path / "o"), "--dry-run"]

@@ -227,11 +227,15 @@ def check_group_size_fits(
     logging.getLogger("quantkit").warning(f"{message} ({hint})")
 
 
-def check_fixed_widths_fit(model: torch.nn.Module, targets: TargetPlan, recipe: Recipe) -> None:
+def check_fixed_widths_fit(
+    model: torch.nn.Module, targets: TargetPlan, recipe: Recipe, kinds: LayerKinds | None = None
+) -> None:
     """Schemes whose weight groups or blocks have a width quantize does not choose per model
     (W4AFP8's groups of 128, FP8_BLOCK's 128x128 blocks, NVFP4's groups of 16): a targeted layer
     whose input width it does not divide fails deep inside llmcompressor's calibration (a raw
-    ``unflatten`` error on SmolLM2's 576 in-features). Refuse it first, from the config alone."""
+    ``unflatten`` error on SmolLM2's 576 in-features). Refuse it first, from the config alone.
+    ``kinds``: ``model`` holds one decoder layer per kind; the message counts and names the full
+    model's layers."""
     if recipe.scheme in GROUP_SCHEMES:  # the group size is chosen per model (check_group_size_fits)
         return
     weights = resolved_scheme(recipe).get("weights") or {}
@@ -241,13 +245,15 @@ def check_fixed_widths_fit(model: torch.nn.Module, targets: TargetPlan, recipe: 
         return
     modules = dict(model.named_modules())
     bad = {
-        (name, modules[name].in_features)
+        name: modules[name].in_features
         for name in targets.quantize
         if name in modules and modules[name].in_features % width
     }
+    if kinds:
+        bad = kinds.expand(bad)
     if bad:
         unit = f"{block[0]}x{block[1]} blocks" if block else f"groups of {width}"
-        shown = ", ".join(f"{name} ({features})" for name, features in sorted(bad)[:5])
+        shown = ", ".join(f"{name} ({features})" for name, features in list(bad.items())[:5])
         raise InputError(
             f"recipe {recipe.name!r} quantizes weights in {unit}, and {len(bad)} language-model layer(s) "
             f"have an input width {width} does not divide: {shown}" + (" ..." if len(bad) > 5 else ""),
@@ -437,7 +443,7 @@ def plan(
     if recipe.method == "awq":  # a wrong mapping is bad input before any weight is read
         check_awq_mappings(model, adapter)
     check_group_size_fits(model, kept_targets, recipe, refuse=strict_group_size)
-    check_fixed_widths_fit(model, kept_targets, recipe)
+    check_fixed_widths_fit(model, kept_targets, recipe, kinds)
     targets = expand_targets(kept_targets, kinds) if kinds else kept_targets
     tree = ExpandedTree(model, kinds) if kinds else model
     precision = precision_plan(
