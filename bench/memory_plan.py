@@ -135,6 +135,7 @@ def real_plan(config_dir: Path):
         calibration_dtype=torch.bfloat16,
         host_memory=0,
         device="cuda",
+        light_imports=True,
     )
 
 

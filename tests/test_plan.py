@@ -4,6 +4,7 @@ measured peaks by a real run; an activation cache that does not fit spills to me
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -274,36 +275,114 @@ from pathlib import Path
 from quantkit.quantize import plan
 from quantkit.models.inputs import Sample
 from quantkit.recipes import get_recipe
-plan(Path(sys.argv[1]), get_recipe("w4a16"), [Sample([{"role": "user", "content": "hi"}])], host_memory=0)
+plan(Path(sys.argv[1]), get_recipe("w4a16"), [Sample([{"role": "user", "content": "hi"}])], host_memory=0,
+     light_imports=True)
 print("sklearn after the plan:", "sklearn" in sys.modules)
+print("imported in the plan:", sorted(m for m in sys.modules if m in (
+    "transformers.data.metrics", "transformers.generation.candidate_generator", "transformers.file_utils")))
 import transformers.data.metrics as metrics
+import transformers.file_utils as file_utils
 import transformers.generation.candidate_generator as generation
 from transformers.utils import is_sklearn_available
+from transformers.utils.import_utils import is_sklearn_available as defined
+assert is_sklearn_available is defined and is_sklearn_available(), is_sklearn_available
 assert generation.is_sklearn_available is is_sklearn_available is metrics.is_sklearn_available
+assert file_utils.is_sklearn_available is is_sklearn_available, file_utils.is_sklearn_available
 print("roc_curve:", generation.roc_curve([0, 1, 1], [0.1, 0.8, 0.6])[0].tolist())
 print("f1:", metrics.f1_score([0, 1, 1], [0, 1, 0]), "pearson:", round(float(metrics.pearsonr([1, 2, 3], [1, 2, 4])[0]), 3))
 """
 
+PLAN_FOR_A_REAL_RUN = """
+import sys
+from pathlib import Path
+from quantkit.quantize import plan
+from quantkit.models.inputs import Sample
+from quantkit.recipes import get_recipe
+plan(Path(sys.argv[1]), get_recipe("w4a16"), [Sample([{"role": "user", "content": "hi"}])], host_memory=0)
+import sklearn.metrics
+import scipy.stats
+import transformers.data.metrics as metrics
+import transformers.file_utils as file_utils
+import transformers.generation.candidate_generator as generation
+from transformers.utils.import_utils import is_sklearn_available
+assert "llmcompressor" in sys.modules, "the config has no fused experts: llmcompressor was not imported"
+for module in (generation, metrics, file_utils):
+    assert module.is_sklearn_available is is_sklearn_available, module
+assert generation.roc_curve is sklearn.metrics.roc_curve, generation.roc_curve
+assert metrics.f1_score is sklearn.metrics.f1_score, metrics.f1_score
+assert metrics.pearsonr is scipy.stats.pearsonr, metrics.pearsonr
+print("untouched")
+"""
 
-def test_a_config_only_plan_imports_no_scikit_learn_and_transformers_still_finds_it(tmp_path):
-    """The dry run builds the meta model (transformers' generation stack) and, for fused MoE
-    experts, llmcompressor's expert classes (transformers' GLUE metrics) without importing
-    scikit-learn; afterwards assisted decoding's roc_curve and the metrics work as before."""
+
+def _plan_in_a_fresh_process(script: str) -> str:
+    """``script`` run on the Qwen3-Omni-30B-A3B config folder (fused MoE experts: llmcompressor
+    is imported) in a fresh interpreter; its stdout."""
     import subprocess
     import sys
 
-    pytest.importorskip("sklearn", reason="scikit-learn is not installed: nothing to keep out")
     root = Path(__file__).resolve().parents[1]
     proc = subprocess.run(
-        [sys.executable, "-c", PLAN_THEN_ASSIST, str(root / "bench" / "configs" / "Qwen3-Omni-30B-A3B")],
+        [sys.executable, "-c", script, str(root / "bench" / "configs" / "Qwen3-Omni-30B-A3B")],
         capture_output=True,
         text=True,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "sklearn after the plan: False" in proc.stdout
-    assert "roc_curve: [0.0, 0.0, 0.0, 1.0]" in proc.stdout
-    assert "f1: 0.6666666666666666 pearson: 0.982" in proc.stdout
+    return proc.stdout
+
+
+def test_a_config_only_plan_imports_no_scikit_learn_and_transformers_still_finds_it(tmp_path):
+    """The dry run builds the meta model (transformers' generation stack) and, for fused MoE
+    experts, llmcompressor's expert classes (transformers' GLUE metrics) without importing
+    scikit-learn; afterwards every module that took transformers' check (file_utils too, which
+    llmcompressor pulls in) has the real one, and assisted decoding's roc_curve and the metrics
+    work as before."""
+    pytest.importorskip("sklearn", reason="scikit-learn is not installed: nothing to keep out")
+    out = _plan_in_a_fresh_process(PLAN_THEN_ASSIST)
+    assert "sklearn after the plan: False" in out
+    imported = "['transformers.data.metrics', 'transformers.file_utils', 'transformers.generation.candidate_generator']"
+    assert f"imported in the plan: {imported}" in out
+    assert "roc_curve: [0.0, 0.0, 0.0, 1.0]" in out
+    assert "f1: 0.6666666666666666 pearson: 0.982" in out
+
+
+def test_a_plan_for_a_real_run_imports_transformers_untouched(tmp_path):
+    """quantize plans before it loads the weights; that plan (no light_imports) leaves
+    transformers' scikit-learn check and names as transformers made them: the real functions."""
+    pytest.importorskip("sklearn", reason="scikit-learn is not installed: nothing to compare with")
+    assert "untouched" in _plan_in_a_fresh_process(PLAN_FOR_A_REAL_RUN)
+
+
+def test_a_module_outside_sklearn_users_imported_while_hidden_is_named_and_given_the_real_check(tmp_path):
+    """A module that takes transformers' scikit-learn check and imports scikit-learn names, first
+    imported inside the light-import window but not listed in SKLEARN_USERS, gets the real check
+    back and is named in a warning instead of staying silently without its names."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("sklearn", reason="scikit-learn is not installed: nothing is hidden")
+    (tmp_path / "uses_sklearn.py").write_text(
+        "from transformers.utils import is_sklearn_available\n"
+        "if is_sklearn_available():\n"
+        "    from sklearn.metrics import roc_curve\n"
+    )
+    script = (
+        "from quantkit.models.loading import generation_without_sklearn\n"
+        "from transformers.utils.import_utils import is_sklearn_available\n"
+        "with generation_without_sklearn():\n"
+        "    import uses_sklearn\n"
+        "assert uses_sklearn.is_sklearn_available is is_sklearn_available\n"
+        "print('roc_curve' in vars(uses_sklearn))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "False"
+    assert "uses_sklearn was imported while scikit-learn was hidden" in proc.stderr
+    assert "SKLEARN_USERS" in proc.stderr
 
 
 def test_a_fixed_block_width_that_does_not_divide_a_layer_is_refused_from_the_config(zoo_model, tmp_path):

@@ -273,6 +273,7 @@ def quantize(
             offload=offload.value if offload else None,
             max_cpu_memory=int(max_cpu_memory * 2**30) if max_cpu_memory is not None else None,
             strict_group_size=group_size is not None,
+            light_imports=True,
         ).to_dict()
         print_plan(planned, drawn)
         target = plan_json or output.with_name(output.name + ".plan.json")

@@ -318,15 +318,17 @@ class Adapter(BaseModel):
             model = self._auto().from_pretrained(model_dir, **kwargs)
         return model.eval()
 
-    def meta_model(self, model_dir: Path) -> torch.nn.Module:
+    def meta_model(self, model_dir: Path, *, light_imports: bool = False) -> torch.nn.Module:
         """The model's module tree on the ``meta`` device: no weights read, no memory used (the
-        init functions skipped, transformers' own switch: meta tensors hold no values to set)."""
+        init functions skipped, transformers' own switch: meta tensors hold no values to set).
+        ``light_imports`` (the config-only dry run): transformers' generation stack imported
+        without scikit-learn (loading.generation_without_sklearn)."""
         from transformers import AutoConfig
         from transformers.initialization import no_init_weights
 
         from quantkit.models.loading import generation_without_sklearn
 
-        with generation_without_sklearn():
+        with generation_without_sklearn(light_imports):
             if self.is_wrapped(model_dir):
                 with torch.device("meta"), no_init_weights():
                     return self._auto().from_config(self._inner_config(model_dir))

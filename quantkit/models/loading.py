@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import logging
+import re
 import sys
 from pathlib import Path
 
@@ -66,13 +68,14 @@ def unfuse_experts(model: torch.nn.Module) -> None:
         linearize_moe(model)
 
 
-def unfuse_experts_on_meta(model: torch.nn.Module) -> None:
+def unfuse_experts_on_meta(model: torch.nn.Module, *, light_imports: bool = False) -> None:
     """The same module tree as :func:`unfuse_experts`, built on the meta device (no copy).
     The library's expert check reads each module's class source; it runs once per class here
     (48 MoE layers of one class: one check, not 48). A tree where no class holds a fused
     ``down_proj`` Parameter (what the library's protocol and both of its registered expert
     classes, GPT-OSS and Llama 4, hold) has nothing to unfuse: llmcompressor (1-1.5 s to import,
-    the datasets stack with it) is not imported for it."""
+    the datasets stack with it) is not imported for it. ``light_imports`` (the config-only dry
+    run): import it without scikit-learn (:func:`generation_without_sklearn`)."""
     first_of_class: dict[type, torch.nn.Module] = {}
     for _, module in model.named_modules():
         first_of_class.setdefault(type(module), module)
@@ -80,7 +83,7 @@ def unfuse_experts_on_meta(model: torch.nn.Module) -> None:
         isinstance(getattr(m, "down_proj", None), torch.nn.Parameter) for m in first_of_class.values()
     ):
         return
-    with generation_without_sklearn():  # llmcompressor imports transformers.data.metrics
+    with generation_without_sklearn(light_imports):  # llmcompressor imports transformers.data.metrics
         from llmcompressor.modeling.moe.helpers import FusedExpertsProtocol
         from llmcompressor.modeling.moe.linear_experts import LinearExperts2D
 
@@ -108,15 +111,40 @@ def _imported_on_call(module: str, name: str):
     return call
 
 
+def _no_sklearn() -> bool:
+    """transformers' ``is_sklearn_available`` while :func:`generation_without_sklearn` runs."""
+    return False
+
+
+_IMPORTS_SKLEARN = re.compile(r"^\s*(from|import)\s+(sklearn|scipy)\b", re.MULTILINE)
+
+
+def _imports_sklearn(module) -> bool:
+    """Whether ``module``'s source imports scikit-learn or scipy names (read from its file)."""
+    try:
+        return bool(_IMPORTS_SKLEARN.search(Path(module.__file__).read_text(encoding="utf-8")))
+    except (AttributeError, TypeError, OSError, UnicodeDecodeError):
+        return False
+
+
 @contextlib.contextmanager
-def generation_without_sklearn():
+def generation_without_sklearn(enabled: bool = True):
     """Import transformers' generation stack (every model class inherits GenerationMixin; its
     candidate generator takes ``roc_curve``) and its GLUE metrics (llmcompressor imports them)
     without scikit-learn: both import it, with scipy and pandas, whenever it is installed (lm-eval
-    needs it), 2.4 s of CPU for a config-only plan that neither generates nor scores. The modules
-    (SKLEARN_USERS) are imported while transformers' check says no, then given the real check
-    back and, where scikit-learn is installed, each name as a function that imports it on its
-    first call: they behave as before. Modules already imported are left as they are."""
+    needs it), 2.4 s of CPU for a config-only plan that neither generates nor scores. Only the
+    dry run asks for it (``enabled``); a real run imports transformers untouched.
+
+    While it runs transformers' check says no. On exit every module holding that stand-in
+    (``from .utils import is_sklearn_available``: transformers.file_utils, SKLEARN_USERS, ...)
+    gets the real check back, and, where scikit-learn is installed, each SKLEARN_USERS module
+    gets its names as functions that import them on their first call: they behave as before. A
+    module imported in the window that imports scikit-learn / scipy names and is not in
+    SKLEARN_USERS lacks them: it is named in a warning. Modules already imported are left as
+    they are."""
+    if not enabled:
+        yield
+        return
     import transformers.utils as utils
     from transformers.utils import import_utils
 
@@ -124,17 +152,25 @@ def generation_without_sklearn():
     if not pending:
         yield
         return
+    before = set(sys.modules)
     real = import_utils.is_sklearn_available
-    utils.is_sklearn_available = import_utils.is_sklearn_available = lambda: False
+    utils.is_sklearn_available = import_utils.is_sklearn_available = _no_sklearn
     try:
         yield
     finally:
         utils.is_sklearn_available = import_utils.is_sklearn_available = real
-        for name in pending:
-            module = sys.modules.get(name)
-            if module is None or getattr(module, "is_sklearn_available", real) is real:
+        installed = real()
+        for name, module in list(sys.modules.items()):
+            if module is None or getattr(module, "is_sklearn_available", None) is not _no_sklearn:
                 continue
             module.is_sklearn_available = real
-            if real():
-                for attr, source in SKLEARN_USERS[name].items():
-                    setattr(module, attr, _imported_on_call(source, attr))
+            if name in SKLEARN_USERS:
+                if installed:
+                    for attr, source in SKLEARN_USERS[name].items():
+                        setattr(module, attr, _imported_on_call(source, attr))
+            elif name not in before and installed and _imports_sklearn(module):
+                logging.getLogger("quantkit").warning(
+                    f"{name} was imported while scikit-learn was hidden (a config-only plan) and "
+                    "lacks its scikit-learn / scipy names; add it to SKLEARN_USERS in "
+                    "quantkit/models/loading.py"
+                )

@@ -420,6 +420,7 @@ def plan(
     max_cpu_memory: int | None = None,
     host_memory: int | None = None,
     device: str | None = None,
+    light_imports: bool = False,
 ) -> QuantizePlan:
     """What would be quantized and kept, per group, and which samples would be used; reads the
     config only (the model is built on the meta device). For W4A16 recipes: the group size, the
@@ -428,17 +429,19 @@ def plan(
     ``strict_group_size`` (a group size from the command line) refuses one that divides no layer.
     The memory plan uses ``sample_tokens`` (per sample, None where the set records none) and
     ``host_memory`` bytes of host memory (default: what this machine has free; 0: decide nothing
-    from it), calibrating on ``device`` ("cuda" or "cpu"; default: a GPU when there is one)."""
+    from it), calibrating on ``device`` ("cuda" or "cpu"; default: a GPU when there is one).
+    ``light_imports``: the plan is the whole job (a dry run), transformers' generation stack and
+    llmcompressor are imported without scikit-learn; off, they are imported untouched."""
     model_dir = check_model_folder(Path(model_dir))  # exists, safetensors headers match their sizes
     adapter = adapter_for(model_dir, adapter)
     labels = _labels(samples, sample_labels)
     check_precision_options(recipe, avg_bits)
     table = _load_sensitivity(sensitivity)
-    model = adapter.meta_model(model_dir)
+    model = adapter.meta_model(model_dir, light_imports=light_imports)
     # One decoder layer per kind (dense / sparse), multiplied: the same plan as the whole tree.
     reduced = reduced_tree(model, adapter)
     kinds = reduced[1] if reduced else None
-    unfuse_experts_on_meta(model)
+    unfuse_experts_on_meta(model, light_imports=light_imports)
     kept_targets = resolve_targets(model, adapter)
     if recipe.method == "awq":  # a wrong mapping is bad input before any weight is read
         check_awq_mappings(model, adapter)
