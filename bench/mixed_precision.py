@@ -74,6 +74,7 @@ import os
 import shutil
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -291,26 +292,38 @@ def score(model, ref: Reference, *, reference: bool = False) -> dict:
 
 
 def load_checkpoint(path: Path):
-    """The checkpoint in float32, decompressed by transformers (compressed-tensors). NVFP4:
-    compressed-tensors 0.19 dequantizes FP4 weights in bfloat16 whatever the model's dtype (its
-    unpack's default; with llmcompressor imported it does so at every forward), and the float32
-    forward then fails on the dtype mismatch. In this process their dequantized weights are cast
-    to float32 as they are made (bfloat16 holds the FP4 x FP8-scale products; the global scale's
-    division is rounded once), so every row is scored in float32 alike."""
-    from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
+    """The checkpoint in float32, decompressed by transformers (compressed-tensors); FP4
+    checkpoints under ``float32_fp4`` (load and score)."""
     from transformers import AutoModelForCausalLM
 
-    if not getattr(NVFP4PackedCompressor, "bench_float32", False):
-        library = NVFP4PackedCompressor.decompress
-
-        def decompress(state_dict, scheme):
-            out = library(state_dict, scheme)
-            out["weight"] = out["weight"].float()
-            return out
-
-        NVFP4PackedCompressor.decompress = staticmethod(decompress)
-        NVFP4PackedCompressor.bench_float32 = True
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+
+@contextmanager
+def float32_fp4():
+    """While open, FP4 weights are dequantized in float32. compressed-tensors 0.19 dequantizes
+    them in bfloat16 whatever the model's dtype (its unpack's default; with llmcompressor imported
+    it does so at every forward), and a float32 forward then fails on the dtype mismatch. Inside,
+    the dequantized weights are cast to float32 as they are made (bfloat16 holds the FP4 x
+    FP8-scale products; the global scale's division is rounded once), so every row is scored in
+    float32 alike. Only around one run's load and score: a bfloat16 load afterwards (the harness)
+    gets the library's own. The classmethod keeps the real class (MXFP4PackedCompressor
+    inherits it); the class's own entry is put back (compressed-tensors' patch_attr would put
+    back a method bound to NVFP4PackedCompressor)."""
+    from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
+
+    library = NVFP4PackedCompressor.__dict__["decompress"]
+
+    def decompress(cls, state_dict, scheme):
+        out = library.__func__(cls, state_dict, scheme)
+        out["weight"] = out["weight"].float()
+        return out
+
+    NVFP4PackedCompressor.decompress = classmethod(decompress)
+    try:
+        yield
+    finally:
+        NVFP4PackedCompressor.decompress = library
 
 
 # ---------------------------------------------------------------------- runs
@@ -383,11 +396,19 @@ PLAIN_2026_PRESETS = {"plain-nvfp4": "NVFP4", "plain-nvfp4-a16": "NVFP4A16", "pl
 PLAIN_DATA_FREE = {"plain-nvfp4-a16", "plain-fp8-block"}
 
 
+def _inner(exc: BaseException) -> BaseException | None:
+    """The exception ``exc`` was raised from (``raise ... from``), else the one it was raised
+    while handling, unless ``from None`` suppressed it: what Python's traceback shows."""
+    if exc.__cause__ is not None:
+        return exc.__cause__
+    return None if exc.__suppress_context__ else exc.__context__
+
+
 def failure(exc: BaseException, limit: int = 200) -> str:
     """What a run raised, shortened for its row: the type and the first line of the message of
     the innermost exception that has one (llmcompressor wraps what fails inside calibration)."""
     chain = [exc]
-    while (inner := chain[-1].__cause__ or chain[-1].__context__) is not None and inner not in chain:
+    while (inner := _inner(chain[-1])) is not None and inner not in chain:
         chain.append(inner)
     named = [e for e in chain if str(e).strip()] or chain
     text = f"{type(named[-1]).__name__}: {str(named[-1]).strip().splitlines()[0] if str(named[-1]).strip() else ''}"
@@ -540,7 +561,9 @@ MEASURING = (
     Reference,
     score,
     load_checkpoint,
+    float32_fp4,
     plain_oneshot,
+    _inner,
     failure,
     chat_windows,
     quantkit_run,
@@ -766,11 +789,11 @@ def measured(row: dict) -> bool:
 
 
 def current_rows(runs: dict, expected) -> dict:
-    """The rows made by the code as it is (their key matches)."""
+    """The rows made by the code as it is (their key matches), failed ones included."""
     return {
         name: row
         for name, row in runs.items()
-        if "ppl" in row and (row.get("provenance") or {}).get("key") == (expected.get(name) or {}).get("key")
+        if measured(row) and (row.get("provenance") or {}).get("key") == (expected.get(name) or {}).get("key")
     }
 
 
@@ -867,7 +890,7 @@ def results_section(saved: dict, wall_note: str, expected) -> str:
         "",
         "Goals (from the current rows only):",
         "",
-        *(verdicts(current, reference) or ["- none: no row is current"]),
+        *(verdicts({n: r for n, r in current.items() if "ppl" in r}, reference) or ["- none: no row is current"]),
     ]
     if cost:
         lines += [
@@ -1028,10 +1051,12 @@ def main() -> None:
                         # -4.5: ranked inside quantize (what users get); -kl and asym-g32-4.5: the KL table
                         sensitivity=table if name in KL_TABLE_RUNS else None,
                     )
-                row = {**info, **stored_bits(output), **score(load_checkpoint(output), ref)}
             except Exception as exc:  # the recipe cannot run on this model: the row records what it raised
                 row = {"failed": failure(exc)}
                 print(f"{name}: failed: {row['failed']}", flush=True)
+            else:  # what fails in scoring is the bench's own fault: it propagates
+                with float32_fp4():
+                    row = {**info, **stored_bits(output), **score(load_checkpoint(output), ref)}
             if name in CALIB_OVERRIDE:
                 row["calib_samples"] = len(run_calib)
         row["run_s"] = round(time.perf_counter() - clock, 1)
