@@ -300,16 +300,11 @@ def child_quantkit(model_dir: str, samples_json: str, output: str, cache_dir: st
 def packed_weights_equal(a: Path, b: Path) -> tuple[bool, int, list[str]]:
     """Whether both checkpoints hold the same int4 packed weights (same GPTQ work), how many, and
     which differ (in name order: the first names the layer where the two runs parted)."""
-    from safetensors import safe_open
+    from quantkit.verify.audit import load_tensors, read_tensor_index
 
     def packed(folder: Path) -> dict:
-        tensors = {}
-        for file in sorted(folder.glob("*.safetensors")):
-            with safe_open(str(file), "pt") as handle:
-                for key in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                    if key.endswith("weight_packed"):
-                        tensors[key] = handle.get_tensor(key)
-        return tensors
+        index = read_tensor_index(folder)
+        return load_tensors(folder, index, [name for name in index if name.endswith("weight_packed")])
 
     left, right = packed(a), packed(b)
     differ = sorted(

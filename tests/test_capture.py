@@ -22,6 +22,7 @@ from quantkit.quantize.capture import capture_decoder_inputs, uniform_kwargs
 from quantkit.quantize.features import prepare_features, processor_fingerprint
 from quantkit.quantize.targets import decoder_layers
 from quantkit.recipes import get_recipe
+from quantkit.verify.audit import load_tensors, read_tensor_index
 from quantkit.zoo.media import write_mp4, write_wav
 
 pytestmark = pytest.mark.filterwarnings("ignore:Attempting to save a model with offloaded modules")
@@ -168,15 +169,8 @@ def test_the_cache_follows_the_towers_weights(zoo_model, media, tmp_path):
 
 
 def _packed_weights(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors import safe_open
-
-    tensors = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(file), "pt") as handle:
-            for key in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                if key.endswith("weight_packed"):
-                    tensors[key] = handle.get_tensor(key)
-    return tensors
+    index = read_tensor_index(folder)
+    return load_tensors(folder, index, [name for name in index if name.endswith("weight_packed")])
 
 
 # Not tiny-qwen2.5-omni: llmcompressor's tracer takes its whole thinker as 1 of 4 subgraphs
