@@ -69,3 +69,29 @@ def test_duplicates_are_found_across_spellings_and_records_read_again_are_equal(
     again = list(result.records)  # read again through the shared caches
     assert [r.payload for r in again] == [r.payload for r in first]
     assert len({r.text_key for r in first}) == 50
+
+
+def test_texts_holding_a_nul_are_told_apart_from_the_turns_they_spell(tmp_path):
+    # The text digest's input joins turn marks and texts with NULs: a text holding NULs and marks
+    # spells the same input as more turns, so such a record is digested by its JSON instead.
+    mark = parse._ROLE_MARK
+    three = _record(1)
+    two = {
+        "task": "text_chat",
+        "messages": [
+            {"role": "system", "content": f"{SYSTEM}\x00{mark['user']}\x00Question 1?"},
+            {"role": "assistant", "content": "Answer 1."},
+        ],
+    }
+    two_sharegpt = {
+        "task": "text_chat",
+        "conversations": [{"from": {"assistant": "gpt"}.get(t["role"], t["role"]), "value": t["content"]}
+                          for t in two["messages"]],
+    }  # fmt: skip
+    # The same turns again through normalize(): a field the fast path does not take.
+    three_mapped = {**_record(1), "meta": {"origin": "elsewhere"}}
+    pool = tmp_path / "pool.jsonl"
+    _write(pool, [three, two, two_sharegpt, three_mapped])
+    result = read_pool([pool], load_taxonomy())
+    assert result.duplicates == 2
+    assert sorted(r.line for r in result.records) == [1, 2]
