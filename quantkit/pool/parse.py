@@ -392,7 +392,8 @@ class RecordParser:
             from quantkit.taskassign import TaskEvidence, UnknownTaskError
 
             assign, named, dataset = assigner.assign, c.named, c.dataset
-            field_evidence: dict[tuple[str, frozenset[str]], TaskEvidence] = {}
+            # Records whose field names a task are counted here rather than given to assign().
+            field_tally = assigner.field_tally()
 
         def parse(record: object, line: int, locator: int) -> None:
             if record.__class__ is not dict and not isinstance(record, dict):
@@ -473,24 +474,21 @@ class RecordParser:
                 if task_name.__class__ is not str or not task_name:
                     task_name = None if task_name in (None, "") else str(task_name)
                 if task_name is not None and task_name in tasks:
-                    # The field decides: no texts needed, and one evidence per (field, media kinds).
-                    evidence = field_evidence.get((task_name, derived.kinds))
-                    if evidence is None:
-                        evidence = field_evidence[task_name, derived.kinds] = TaskEvidence(
-                            named, dataset, task_name, "", "", derived.kinds
-                        )
+                    # The field decides (what assign() would give): no texts needed.
+                    field_tally[task_name] += 1
+                    task = tasks[task_name]
                 else:
                     prompt, answer = _texts(raw, role_key, text_key)
                     evidence = TaskEvidence(named, dataset, task_name, prompt, answer, derived.kinds)
-                try:
-                    assignment = assign(evidence)
-                except UnknownTaskError as err:
-                    raise RecordError(str(err)) from None
-                if assignment.task is None:  # (the others' origins and modalities: read.py, per source)
-                    if emit is None:
-                        modalities[derived.modality] += 1
-                    return  # counted by the assigner; calibrate lists them once the pool is read
-                task = tasks[assignment.task]
+                    try:
+                        assignment = assign(evidence)
+                    except UnknownTaskError as err:
+                        raise RecordError(str(err)) from None
+                    if assignment.task is None:  # (the others' origins and modalities: read.py, per source)
+                        if emit is None:
+                            modalities[derived.modality] += 1
+                        return  # counted by the assigner; calibrate lists them once the pool is read
+                    task = tasks[assignment.task]
 
             name = task.name
             shared = derived.tails.get(name)
