@@ -215,6 +215,8 @@ class RecordParser:
         self.combos: dict[tuple, _Media] = {} if reuse is None else reuse.combos
         # as written -> absolute path, or an error word
         self.paths: dict[str, Path | str] = {} if reuse is None else reuse.paths
+        # the assigner's tally of records whose field names a task (one per source, not per re-read)
+        self.field_tally: dict[str, int] | None = None if reuse is None else reuse.field_tally
         self.parse = self._make_parse()
 
     # -- media paths -----------------------------------------------------------------------
@@ -393,7 +395,9 @@ class RecordParser:
 
             assign, named, dataset = assigner.assign, c.named, c.dataset
             # Records whose field names a task are counted here rather than given to assign().
-            field_tally = assigner.field_tally()
+            if self.field_tally is None:
+                self.field_tally = assigner.field_tally()
+            field_tally = self.field_tally
 
         def parse(record: object, line: int, locator: int) -> None:
             if record.__class__ is not dict and not isinstance(record, dict):
