@@ -105,8 +105,10 @@ class TaskAssigner:
             raw: self._slot(task.name, "field", raw) for raw, task in names.items()
         }
         # Records whose own field names a task, by that name, counted by the reader itself (see
-        # field_tally); folded into the counts when they are read.
-        self._tallies: list[dict[str, int]] = []
+        # field_tally); folded into the counts when they are read. One for the assigner (it is
+        # single-threaded), so summary() costs the same after 10k sources as after one.
+        self._tally: dict[str, int] = dict.fromkeys(self._field, 0)
+        self.tallies_folded = 0  # tallies walked by the last fold (one): tests check it stays so
 
         self._mappings: list[tuple[str, int]] = []  # (SOURCE pattern, slot), in the order given
         seen: dict[str, str] = {}
@@ -189,17 +191,17 @@ class TaskAssigner:
     def field_tally(self) -> dict[str, int]:
         """A tally (field value -> records) for a reader to count, in place of assign(), the records
         whose task field names a task: what assign() gives them is fixed (the field's task, origin
-        "field"), and counting costs a tenth of the call on a 10M-record pool. summary() counts it."""
-        tally = dict.fromkeys(self._field, 0)
-        self._tallies.append(tally)
-        return tally
+        "field"), and counting costs a tenth of the call on a 10M-record pool. summary() counts it.
+        The same tally every call: readers of every source count into it."""
+        return self._tally
 
     def _fold_tallies(self) -> None:
-        for tally in self._tallies:
-            for raw, count in tally.items():
-                if count:
-                    self._counts[self._field[raw]] += count
-                    tally[raw] = 0
+        tally = self._tally
+        for raw, count in tally.items():
+            if count:
+                self._counts[self._field[raw]] += count
+                tally[raw] = 0
+        self.tallies_folded = 1
 
     def _mapping_of(self, source: str, dataset: str | None) -> int | None:
         for pattern, slot in self._mappings:

@@ -215,7 +215,7 @@ class RecordParser:
         self.combos: dict[tuple, _Media] = {} if reuse is None else reuse.combos
         # as written -> absolute path, or an error word
         self.paths: dict[str, Path | str] = {} if reuse is None else reuse.paths
-        # the assigner's tally of records whose field names a task (one per source, not per re-read)
+        # the assigner's tally of records whose field names a task (one per assigner)
         self.field_tally: dict[str, int] | None = None if reuse is None else reuse.field_tally
         self.parse = self._make_parse()
 
