@@ -15,7 +15,8 @@ some exact duplicates. Then, alternately and each in a fresh subprocess:
 
 The processes run with a bytecode cache (PYTHONPYCACHEPREFIX in the work folder, filled by a
 warm-up run), as an installed package runs: pip writes every module's .pyc when it installs. (c) is
-also measured without one (PYTHONDONTWRITEBYTECODE=1, no prefix): where the environment has no
+also measured without one (PYTHONDONTWRITEBYTECODE=1 and a fresh empty PYTHONPYCACHEPREFIX, so no
+existing .pyc is read either): where the environment has no
 __pycache__ (this project's venv on the bench machines), every module is compiled on each start.
 
 Prints the medians, the ratios and whether the goals hold (b/a <= 3, c/a as processes <= 3,
@@ -153,15 +154,14 @@ print(json.dumps({"wall_s": time.perf_counter() - started, "lines": n}))
 """
 
 
-def _env(code: Path, pycache: Path | None) -> dict:
-    """The children's environment: ``code`` on the path; with ``pycache``, a bytecode cache there
-    (as an installed package has), else none written."""
-    env = {**os.environ, "PYTHONPATH": str(code), "HF_HUB_OFFLINE": "1"}
-    if pycache is not None:
+def _env(code: Path, pycache: Path, *, cached: bool = True) -> dict:
+    """The children's environment: ``code`` on the path, bytecode read from ``pycache`` only (no
+    __pycache__ beside the sources); ``cached``: written there too, else nothing written (the
+    caller passes a fresh empty folder, so every module is compiled)."""
+    env = {**os.environ, "PYTHONPATH": str(code), "HF_HUB_OFFLINE": "1", "PYTHONPYCACHEPREFIX": str(pycache)}
+    if cached:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
-        env["PYTHONPYCACHEPREFIX"] = str(pycache)
     else:
-        env.pop("PYTHONPYCACHEPREFIX", None)
         env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 
@@ -260,16 +260,18 @@ def _time_probes_per_kind() -> dict[str, list[float]]:
     return spent
 
 
-def _run_command(pool: str, output: str, size: int, code: Path, pycache: Path | None) -> tuple[float, float]:
+def _run_command(
+    pool: str, output: str, size: int, code: Path, pycache: Path, *, cached: bool = True
+) -> tuple[float, float]:
     """Whole-process wall and CPU seconds of `python -m quantkit calibrate`, as a user runs it."""
     command = [sys.executable, "-m", "quantkit", "calibrate", pool, "--output", output, "--size", str(size)]
-    proc, wall, cpu = _timed([*command, "--force"], _env(code, pycache))
+    proc, wall, cpu = _timed([*command, "--force"], _env(code, pycache, cached=cached))
     if proc.returncode != 0:
         raise RuntimeError(f"quantkit calibrate failed:\n{proc.stderr[-3000:]}")
     return wall, cpu
 
 
-def _run_parse(pool: str, pycache: Path | None) -> dict:
+def _run_parse(pool: str, pycache: Path) -> dict:
     """(a) as a process: its own wall time of the loop, and the whole process's wall and CPU."""
     proc, wall, cpu = _timed([sys.executable, "-c", PARSE_SCRIPT, pool], _env(ROOT, pycache))
     if proc.returncode != 0:
@@ -277,7 +279,7 @@ def _run_parse(pool: str, pycache: Path | None) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1]) | {"process_wall_s": wall, "process_cpu_s": cpu}
 
 
-def _run_child(*args: str, code: Path = ROOT, pycache: Path | None = None) -> dict:
+def _run_child(*args: str, code: Path, pycache: Path) -> dict:
     proc, wall, _ = _timed([sys.executable, __file__, "--child", *args], _env(code, pycache))
     if proc.returncode != 0:
         raise RuntimeError(f"child {args[0]} failed:\n{proc.stderr[-3000:]}")
@@ -313,7 +315,9 @@ def run(
             parses.append(_run_parse(pool, pycache))
             builds.append(_run_child("build", pool, str(folder / "set"), str(size), code=code, pycache=pycache))
             commands.append(_run_command(pool, str(folder / "set-command"), size, code, pycache))
-            uncached.append(_run_command(pool, str(folder / "set-command"), size, code, None))
+            # a fresh empty prefix: PYTHONDONTWRITEBYTECODE alone would still read existing .pyc
+            empty = Path(tempfile.mkdtemp(prefix="empty-pycache-", dir=folder))
+            uncached.append(_run_command(pool, str(folder / "set-command"), size, code, empty, cached=False))
         parse_s = statistics.median(p["wall_s"] for p in parses)
         build_s = statistics.median(b["wall_s"] for b in builds)
         parse_process_s = statistics.median(p["process_wall_s"] for p in parses)
@@ -359,6 +363,8 @@ def run(
             "bytecode_cache": "PYTHONPYCACHEPREFIX in the work folder, filled by a warm-up run",
             "parse_process_cpu_s": round(statistics.median(p["process_cpu_s"] for p in parses), 3),
             "command_cpu_s": round(statistics.median(cpu for _, cpu in commands), 3),
+            "parse_process_cpu_runs_s": [round(p["process_cpu_s"], 3) for p in parses],
+            "command_cpu_runs_s": [round(cpu, 3) for _, cpu in commands],
             "ratio_command_cpu": round(statistics.median(cpu_ratios), 2),
             "command_uncached_s": round(command_uncached_s, 3),
             "command_uncached_runs_s": [round(wall, 3) for wall, _ in uncached],
@@ -388,9 +394,10 @@ def report(result: dict) -> str:
         f"pool: {result['records']:,} records ({pool['pool_mb']} MB JSONL; {pool['text_only']:,} text-only, "
         f"{pool['duplicates']:,} exact duplicates, {pool['without_id']:,} without id, {pool['sharegpt']:,} ShareGPT) "
         f"over {pool['media_files']} real media files ({pool['media_mb']} MB)",
-        f"(a) read + json.loads every line: median {result['parse_s']:.3f} s  runs {result['parse_runs_s']}",
+        f"(a) read + json.loads every line (its own time in a bare python -c process): median {result['parse_s']:.3f} s  runs {result['parse_runs_s']}",
         f"(b) build_calibration_set(size={result['size']}): median {result['build_s']:.3f} s  "
-        f"runs {result['build_runs_s']}  (+{result['build_import_s']:.2f} s imports, not counted)",
+        f"runs {result['build_runs_s']}  (+{result['build_import_s']:.2f} s imports, not counted; "
+        "the child runs with the bytecode cache, as (c) does)",
         "    phases: "
         + ", ".join(f"{phase} {seconds:.2f} s" for phase, seconds in result["build_phases_s"].items())
         + f"; media header probes (once per file, inside reading) {result['media_probes_s']:.2f} s",
@@ -399,12 +406,12 @@ def report(result: dict) -> str:
         f"calibrate wall: {result['build_s']:.2f} s",
         f"peak RSS: {result['peak_rss_mb']:.0f} MB (after imports: {result['rss_after_imports_mb']:.0f} MB)",
         f"ratio b/a: {result['ratio']:.2f}",
-        f"(c) the whole command, `python -m quantkit calibrate` as a process: median {result['command_s']:.3f} s "
+        f"(c) `python -m quantkit calibrate` as a process, with the bytecode cache (the goal's verdict): median {result['command_s']:.3f} s "
         f"runs {result['command_runs_s']}; (a) as a process: {result['parse_process_s']:.3f} s; "
         f"ratio c/a: {result['ratio_command']:.2f} (goal <= {GOAL_COMMAND_RATIO:g}: {ok[result['goal_command_met']]}); "
         f"CPU: {result['command_cpu_s']:.3f} s against {result['parse_process_cpu_s']:.3f} s, "
         f"median of the pairs' ratios {result['ratio_command_cpu']:.2f} (bytecode cache: {result['bytecode_cache']})",
-        f"(c) without a bytecode cache (PYTHONDONTWRITEBYTECODE=1): median {result['command_uncached_s']:.3f} s "
+        f"(c) without a bytecode cache (PYTHONDONTWRITEBYTECODE=1, an empty PYTHONPYCACHEPREFIX): median {result['command_uncached_s']:.3f} s "
         f"runs {result['command_uncached_runs_s']}; ratio c/a: {result['ratio_command_uncached']:.2f}",
         "media probes per file: "
         + (
