@@ -10,7 +10,14 @@ some exact duplicates. Then, alternately and each in a fresh subprocess:
       child's peak RSS (VmHWM), and whether torch / transformers got imported.
 
   (c) `python -m quantkit calibrate POOL --output SET --size ...`: the whole command as a user runs
-      it, interpreter start and imports included, against (a) run the same way (whole process).
+      it, interpreter start and imports included, against (a) run the same way: a process that does
+      nothing else (`python -c` of that loop).
+
+The processes run with a bytecode cache (PYTHONPYCACHEPREFIX in the work folder, filled by a
+warm-up run), as an installed package runs: pip writes every module's .pyc when it installs. (c) is
+also measured without one (PYTHONDONTWRITEBYTECODE=1 and a fresh empty PYTHONPYCACHEPREFIX, so no
+existing .pyc is read either): where the environment has no
+__pycache__ (this project's venv on the bench machines), every module is compiled on each start.
 
 Prints the medians, the ratios and whether the goals hold (b/a <= 3, c/a as processes <= 3,
 peak RSS < 1 GB).
@@ -28,6 +35,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -133,15 +141,41 @@ def make_pool(folder: Path, records: int, *, per_task: int = 12, seed: int = 0) 
 
 # --- the measured children ------------------------------------------------------------------
 
+# (a): the floor, as a process importing nothing else (the bench's own modules would add theirs).
+PARSE_SCRIPT = """\
+import json, sys, time
+started = time.perf_counter()
+n = 0
+with open(sys.argv[1], "rb") as handle:
+    for line in handle:
+        json.loads(line)
+        n += 1
+print(json.dumps({"wall_s": time.perf_counter() - started, "lines": n}))
+"""
 
-def child_parse(pool: str) -> dict:
+
+def _env(code: Path, pycache: Path, *, cached: bool = True) -> dict:
+    """The children's environment: ``code`` on the path, bytecode read from ``pycache`` only (no
+    __pycache__ beside the sources); ``cached``: written there too, else nothing written (the
+    caller passes a fresh empty folder, so every module is compiled)."""
+    env = {**os.environ, "PYTHONPATH": str(code), "HF_HUB_OFFLINE": "1", "PYTHONPYCACHEPREFIX": str(pycache)}
+    if cached:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+    else:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def _timed(command: list[str], env: dict) -> tuple[subprocess.CompletedProcess, float, float]:
+    """Run ``command``: the finished process, its wall seconds and its CPU seconds (user + system,
+    from the kernel's accounting of the reaped child)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    n = 0
-    with open(pool, "rb") as handle:
-        for line in handle:
-            json.loads(line)
-            n += 1
-    return {"wall_s": time.perf_counter() - started, "lines": n}
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return proc, wall, cpu
 
 
 def child_build(pool: str, output: str, size: int) -> dict:
@@ -226,25 +260,27 @@ def _time_probes_per_kind() -> dict[str, list[float]]:
     return spent
 
 
-def _run_command(pool: str, output: str, size: int, code: Path) -> float:
-    """Whole-process wall time of `python -m quantkit calibrate`, as a user runs it."""
-    env = {**os.environ, "PYTHONPATH": str(code), "HF_HUB_OFFLINE": "1"}
+def _run_command(
+    pool: str, output: str, size: int, code: Path, pycache: Path, *, cached: bool = True
+) -> tuple[float, float]:
+    """Whole-process wall and CPU seconds of `python -m quantkit calibrate`, as a user runs it."""
     command = [sys.executable, "-m", "quantkit", "calibrate", pool, "--output", output, "--size", str(size)]
-    started = time.perf_counter()
-    proc = subprocess.run([*command, "--force"], capture_output=True, text=True, env=env, check=False)
-    wall = time.perf_counter() - started
+    proc, wall, cpu = _timed([*command, "--force"], _env(code, pycache, cached=cached))
     if proc.returncode != 0:
         raise RuntimeError(f"quantkit calibrate failed:\n{proc.stderr[-3000:]}")
-    return wall
+    return wall, cpu
 
 
-def _run_child(*args: str, code: Path = ROOT) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(code), "HF_HUB_OFFLINE": "1"}
-    started = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, __file__, "--child", *args], capture_output=True, text=True, env=env, check=False
-    )
-    wall = time.perf_counter() - started
+def _run_parse(pool: str, pycache: Path) -> dict:
+    """(a) as a process: its own wall time of the loop, and the whole process's wall and CPU."""
+    proc, wall, cpu = _timed([sys.executable, "-c", PARSE_SCRIPT, pool], _env(ROOT, pycache))
+    if proc.returncode != 0:
+        raise RuntimeError(f"the parse failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1]) | {"process_wall_s": wall, "process_cpu_s": cpu}
+
+
+def _run_child(*args: str, code: Path, pycache: Path) -> dict:
+    proc, wall, _ = _timed([sys.executable, __file__, "--child", *args], _env(code, pycache))
     if proc.returncode != 0:
         raise RuntimeError(f"child {args[0]} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1]) | {"process_wall_s": wall}
@@ -270,15 +306,26 @@ def run(
             pool_info = make_pool(folder, records, per_task=per_task)
             pool = str(folder / "pool.jsonl")
         make_s = time.perf_counter() - started
-        parses, builds, commands = [], [], []
-        for _ in range(repeats):  # alternate: a b c a b c ...
-            parses.append(_run_child("parse", pool))
-            builds.append(_run_child("build", pool, str(folder / "set"), str(size), code=code))
-            commands.append(_run_command(pool, str(folder / "set-command"), size, code))
+        pycache = folder / "pycache"
+        # Warm-up (not counted): fills the bytecode cache and the page cache.
+        _run_parse(pool, pycache)
+        _run_command(pool, str(folder / "set-command"), size, code, pycache)
+        parses, builds, commands, uncached = [], [], [], []
+        for _ in range(repeats):  # alternate: a b c c' a b c c' ...
+            parses.append(_run_parse(pool, pycache))
+            builds.append(_run_child("build", pool, str(folder / "set"), str(size), code=code, pycache=pycache))
+            commands.append(_run_command(pool, str(folder / "set-command"), size, code, pycache))
+            # a fresh empty prefix: PYTHONDONTWRITEBYTECODE alone would still read existing .pyc
+            empty = Path(tempfile.mkdtemp(prefix="empty-pycache-", dir=folder))
+            uncached.append(_run_command(pool, str(folder / "set-command"), size, code, empty, cached=False))
         parse_s = statistics.median(p["wall_s"] for p in parses)
         build_s = statistics.median(b["wall_s"] for b in builds)
         parse_process_s = statistics.median(p["process_wall_s"] for p in parses)
-        command_s = statistics.median(commands)
+        command_s = statistics.median(wall for wall, _ in commands)
+        command_uncached_s = statistics.median(wall for wall, _ in uncached)
+        # CPU seconds, pair by pair (each command against the parse run just before it): what load
+        # on the machine does not inflate as it does wall time.
+        cpu_ratios = [c[1] / p["process_cpu_s"] for c, p in zip(commands, parses, strict=True)]
         kinds = sorted({k for b in builds for k in b["probes_per_kind"]})
         per_probe_ms = {
             kind: {
@@ -310,9 +357,18 @@ def run(
             "build_import_s": round(statistics.median(b["import_s"] for b in builds), 3),
             "parse_process_s": round(parse_process_s, 3),
             "command_s": round(command_s, 3),
-            "command_runs_s": [round(c, 3) for c in commands],
+            "command_runs_s": [round(wall, 3) for wall, _ in commands],
             "ratio_command": round(command_s / parse_process_s, 2),
             "goal_command_met": command_s / parse_process_s <= GOAL_COMMAND_RATIO,
+            "bytecode_cache": "PYTHONPYCACHEPREFIX in the work folder, filled by a warm-up run",
+            "parse_process_cpu_s": round(statistics.median(p["process_cpu_s"] for p in parses), 3),
+            "command_cpu_s": round(statistics.median(cpu for _, cpu in commands), 3),
+            "parse_process_cpu_runs_s": [round(p["process_cpu_s"], 3) for p in parses],
+            "command_cpu_runs_s": [round(cpu, 3) for _, cpu in commands],
+            "ratio_command_cpu": round(statistics.median(cpu_ratios), 2),
+            "command_uncached_s": round(command_uncached_s, 3),
+            "command_uncached_runs_s": [round(wall, 3) for wall, _ in uncached],
+            "ratio_command_uncached": round(command_uncached_s / parse_process_s, 2),
             "probe_ms_per_file": per_probe_ms,
             "build_phases_s": {
                 phase: round(statistics.median(b["phases_s"].get(phase, 0.0) for b in builds), 3)
@@ -338,9 +394,10 @@ def report(result: dict) -> str:
         f"pool: {result['records']:,} records ({pool['pool_mb']} MB JSONL; {pool['text_only']:,} text-only, "
         f"{pool['duplicates']:,} exact duplicates, {pool['without_id']:,} without id, {pool['sharegpt']:,} ShareGPT) "
         f"over {pool['media_files']} real media files ({pool['media_mb']} MB)",
-        f"(a) read + json.loads every line: median {result['parse_s']:.3f} s  runs {result['parse_runs_s']}",
+        f"(a) read + json.loads every line (its own time in a bare python -c process): median {result['parse_s']:.3f} s  runs {result['parse_runs_s']}",
         f"(b) build_calibration_set(size={result['size']}): median {result['build_s']:.3f} s  "
-        f"runs {result['build_runs_s']}  (+{result['build_import_s']:.2f} s imports, not counted)",
+        f"runs {result['build_runs_s']}  (+{result['build_import_s']:.2f} s imports, not counted; "
+        "the child runs with the bytecode cache, as (c) does)",
         "    phases: "
         + ", ".join(f"{phase} {seconds:.2f} s" for phase, seconds in result["build_phases_s"].items())
         + f"; media header probes (once per file, inside reading) {result['media_probes_s']:.2f} s",
@@ -349,9 +406,13 @@ def report(result: dict) -> str:
         f"calibrate wall: {result['build_s']:.2f} s",
         f"peak RSS: {result['peak_rss_mb']:.0f} MB (after imports: {result['rss_after_imports_mb']:.0f} MB)",
         f"ratio b/a: {result['ratio']:.2f}",
-        f"(c) the whole command, `python -m quantkit calibrate` as a process: median {result['command_s']:.3f} s "
+        f"(c) `python -m quantkit calibrate` as a process, with the bytecode cache (the goal's verdict): median {result['command_s']:.3f} s "
         f"runs {result['command_runs_s']}; (a) as a process: {result['parse_process_s']:.3f} s; "
-        f"ratio c/a: {result['ratio_command']:.2f} (goal <= {GOAL_COMMAND_RATIO:g}: {ok[result['goal_command_met']]})",
+        f"ratio c/a: {result['ratio_command']:.2f} (goal <= {GOAL_COMMAND_RATIO:g}: {ok[result['goal_command_met']]}); "
+        f"CPU: {result['command_cpu_s']:.3f} s against {result['parse_process_cpu_s']:.3f} s, "
+        f"median of the pairs' ratios {result['ratio_command_cpu']:.2f} (bytecode cache: {result['bytecode_cache']})",
+        f"(c) without a bytecode cache (PYTHONDONTWRITEBYTECODE=1, an empty PYTHONPYCACHEPREFIX): median {result['command_uncached_s']:.3f} s "
+        f"runs {result['command_uncached_runs_s']}; ratio c/a: {result['ratio_command_uncached']:.2f}",
         "media probes per file: "
         + (
             ", ".join(f"{k} {v['ms_per_file']:.2f} ms ({v['files']} files)" for k, v in result["probe_ms_per_file"].items())
@@ -367,8 +428,8 @@ def report(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--child":
-        kind, *rest = argv[1:]
-        out = child_parse(*rest) if kind == "parse" else child_build(rest[0], rest[1], int(rest[2]))
+        _kind, pool, output, size = argv[1:]  # "build": the one child this script runs of itself
+        out = child_build(pool, output, int(size))
         print(json.dumps(out))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

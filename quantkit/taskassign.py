@@ -104,6 +104,11 @@ class TaskAssigner:
         self._field: dict[str, int] = {
             raw: self._slot(task.name, "field", raw) for raw, task in names.items()
         }
+        # Records whose own field names a task, by that name, counted by the reader itself (see
+        # field_tally); folded into the counts when they are read. One for the assigner (it is
+        # single-threaded), so summary() costs the same after 10k sources as after one.
+        self._tally: dict[str, int] = dict.fromkeys(self._field, 0)
+        self.tallies_folded = 0  # tallies walked by the last fold (one): tests check it stays so
 
         self._mappings: list[tuple[str, int]] = []  # (SOURCE pattern, slot), in the order given
         seen: dict[str, str] = {}
@@ -183,6 +188,21 @@ class TaskAssigner:
         self._counts[slot] += 1
         return self._slots[slot]
 
+    def field_tally(self) -> dict[str, int]:
+        """A tally (field value -> records) for a reader to count, in place of assign(), the records
+        whose task field names a task: what assign() gives them is fixed (the field's task, origin
+        "field"), and counting costs a tenth of the call on a 10M-record pool. summary() counts it.
+        The same tally every call: readers of every source count into it."""
+        return self._tally
+
+    def _fold_tallies(self) -> None:
+        tally = self._tally
+        for raw, count in tally.items():
+            if count:
+                self._counts[self._field[raw]] += count
+                tally[raw] = 0
+        self.tallies_folded = 1
+
     def _mapping_of(self, source: str, dataset: str | None) -> int | None:
         for pattern, slot in self._mappings:
             if source_matches(pattern, source, dataset):
@@ -250,6 +270,7 @@ class TaskAssigner:
     def summary(self) -> dict:
         """JSON-able, bounded in size: per task, counts by origin; per rule, its count and up to two
         example user prompts (truncated to ~120 chars); per source, how many records got no task."""
+        self._fold_tallies()
         by_task: dict[str, dict[str, int]] = {}
         for assignment, count in zip(self._slots, self._counts, strict=True):
             if count:

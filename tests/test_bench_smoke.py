@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +34,33 @@ def test_calibrate_bench_runs_at_small_scale(tmp_path):
         assert figure in proc.stdout
     # a plain calibrate imports neither torch nor transformers
     assert "heavy imports during calibrate: none" in proc.stdout
-    assert '"selected": 200' in out.read_text(encoding="utf-8")
+    figures = json.loads(out.read_text(encoding="utf-8"))
+    assert figures["selected"] == 200
+    # (c) with and without a bytecode cache, and the CPU pairs: the ratios are those of the figures
+    # the same JSON holds (written rounded to ms: a (a) of some 30 ms leaves a ratio ~2% off)
+    def same(ratio, value):
+        return ratio == pytest.approx(value, rel=0.03)
+
+    assert figures["command_uncached_s"] > 0 and figures["parse_process_cpu_s"] > 0
+    assert same(figures["ratio_command"], figures["command_s"] / figures["parse_process_s"])
+    assert same(figures["ratio_command_uncached"], figures["command_uncached_s"] / figures["parse_process_s"])
+    pairs = zip(figures["command_cpu_runs_s"], figures["parse_process_cpu_runs_s"], strict=True)
+    assert same(figures["ratio_command_cpu"], statistics.median(c / p for c, p in pairs))
+    assert figures["goal_command_met"] == (figures["command_s"] / figures["parse_process_s"] <= 3)
+
+
+def test_calibrate_bench_without_a_cache_reads_no_existing_bytecode(tmp_path):
+    """PYTHONDONTWRITEBYTECODE only stops writing: the run without a cache also points the prefix
+    at an empty folder, so no .pyc beside the sources (or anywhere) is read."""
+    bench = bench_module("calibrate_bench")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = bench._env(bench.ROOT, empty, cached=False)
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1" and env["PYTHONPYCACHEPREFIX"] == str(empty)
+    probe = "import sys, quantkit.taskassign as m; print(m.__cached__, sys.dont_write_bytecode)"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
+    assert proc.stdout.split()[0].startswith(str(empty)) and proc.stdout.split()[1] == "True"
+    assert not any(empty.rglob("*.pyc"))  # nothing written there either
 
 
 def test_overhead_bench_fails_naming_a_step_that_moved():

@@ -69,3 +69,88 @@ def test_duplicates_are_found_across_spellings_and_records_read_again_are_equal(
     again = list(result.records)  # read again through the shared caches
     assert [r.payload for r in again] == [r.payload for r in first]
     assert len({r.text_key for r in first}) == 50
+
+
+def test_texts_holding_a_nul_are_told_apart_from_the_turns_they_spell(tmp_path):
+    # The text digest's input joins turn marks and texts with NULs: a text holding NULs and marks
+    # spells the same input as more turns, so such a record is digested by its JSON instead.
+    mark = parse._ROLE_MARK
+    three = _record(1)
+    two = {
+        "task": "text_chat",
+        "messages": [
+            {"role": "system", "content": f"{SYSTEM}\x00{mark['user']}\x00Question 1?"},
+            {"role": "assistant", "content": "Answer 1."},
+        ],
+    }
+    two_sharegpt = {
+        "task": "text_chat",
+        "conversations": [{"from": {"assistant": "gpt"}.get(t["role"], t["role"]), "value": t["content"]}
+                          for t in two["messages"]],
+    }  # fmt: skip
+    # The same turns again through normalize(): a field the fast path does not take.
+    three_mapped = {**_record(1), "meta": {"origin": "elsewhere"}}
+    pool = tmp_path / "pool.jsonl"
+    _write(pool, [three, two, two_sharegpt, three_mapped])
+    result = read_pool([pool], load_taxonomy())
+    assert result.duplicates == 2
+    assert sorted(r.line for r in result.records) == [1, 2]
+
+
+def _labelled_sources(tmp_path, sources: int) -> list:
+    """Sources mixing records whose task field names a task (by name or alias) with records that
+    have none (the rules or --default-task decide those)."""
+    chat = next(task for task in load_taxonomy().tasks if task.name == "text_chat")
+    spellings = ["text_chat", *chat.aliases]
+    paths = []
+    for s in range(sources):
+        records = []
+        for i in range(6):
+            record = _record(s * 6 + i)
+            if i % 3 == 2:
+                del record["task"]
+            else:
+                record["task"] = spellings[(s + i) % len(spellings)]
+            records.append(record)
+        path = tmp_path / f"part{s:03d}.jsonl"
+        _write(path, records)
+        paths.append(path)
+    return paths
+
+
+def test_task_summary_equals_assigning_each_record_over_several_sources(tmp_path):
+    # The reader counts records whose field names a task in the assigner's tally rather than
+    # calling assign(); the summary must be what assign() per record gives.
+    from quantkit.taskassign import TaskAssigner, TaskEvidence
+
+    taxonomy = load_taxonomy()
+    paths = _labelled_sources(tmp_path, 5)
+    read_assigner = TaskAssigner(taxonomy, (), "text_chat")
+    read_pool([str(p) for p in paths], taxonomy, assigner=read_assigner)
+    expected = TaskAssigner(taxonomy, (), "text_chat")
+    for path in paths:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            turns = record["messages"]
+            # the prompt the rules see: the turns before the answer, joined by spaces
+            prompt = " ".join(turn["content"] for turn in turns[:-1])
+            expected.assign(TaskEvidence(str(path), None, record.get("task"), prompt, turns[-1]["content"], frozenset()))
+    summary = read_assigner.summary()
+    assert summary == expected.summary()
+    chat = summary["tasks"]["text_chat"]
+    assert 0 < chat["field"] < chat["total"] == summary["records"]  # both paths were taken
+
+
+def test_summary_folds_one_tally_however_many_sources(tmp_path):
+    from quantkit.taskassign import TaskAssigner
+
+    taxonomy = load_taxonomy()
+    folded = []
+    for sources in (1, 12):
+        assigner = TaskAssigner(taxonomy, (), "text_chat")
+        (tmp_path / str(sources)).mkdir()
+        paths = _labelled_sources(tmp_path / str(sources), sources)
+        read_pool([str(p) for p in paths], taxonomy, assigner=assigner)
+        assigner.summary()
+        folded.append(assigner.tallies_folded)
+    assert folded[0] == folded[1]

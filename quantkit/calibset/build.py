@@ -242,7 +242,9 @@ def _build(pools, output, options, taxonomy, taxonomy_path, hooks, store) -> Cal
     index = pool.index
     groups = index.groups
     usable = index.rows  # record numbers, in reading order
-    missing = _missing_tasks(taxonomy, {groups[g].task for g in np.unique(index.group_of(usable)).tolist()})
+    # (the groups present by bincount: np.unique imports numpy.ma, which nothing else here needs)
+    present = np.flatnonzero(np.bincount(index.group_of(usable), minlength=len(groups))).tolist()
+    missing = _missing_tasks(taxonomy, {groups[g].task for g in present})
     if missing and not options.allow_missing_tasks:
         raise InputError(
             f"{len(missing)} task(s) of the taxonomy have no sample in the pool: {', '.join(missing)}",

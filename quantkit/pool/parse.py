@@ -53,6 +53,13 @@ MEDIA_FIELDS = {"image": "images", "video": "videos", "audio": "audios"}
 _dumps = functools.partial(json.dumps, ensure_ascii=False)
 _ROLE_JSON = {alias: json_str(role) for alias, role in ROLE_ALIASES.items()}
 _ROLE_TAIL = {alias: ', "role": ' + role + "}" for alias, role in _ROLE_JSON.items()}  # a turn's JSON end
+# A turn's role (its canonical one) as one control character, for the text digest's input: mark,
+# NUL, text, NUL, mark, ... names the turns exactly while no text holds a NUL (then the messages'
+# JSON is the input; it starts with '[', which no mark is). Cheaper than the JSON, which only the
+# records without an id (their derived id) and the selected ones need.
+_ROLE_MARK = {
+    alias: chr(1 + sorted(set(ROLE_ALIASES.values())).index(role)) for alias, role in ROLE_ALIASES.items()
+}
 _TEXTS_KEPT = 4096  # turn texts whose JSON is kept (emptied when full: memory stays bounded)
 _PROMPT_ROLES = {alias for alias, role in ROLE_ALIASES.items() if role in ("system", "user")}
 _ANSWER_ROLES = {alias for alias, role in ROLE_ALIASES.items() if role == "assistant"}
@@ -111,6 +118,16 @@ def messages_json(messages: list) -> tuple[str, tuple[int, int, int]]:
         audios += text.count("<audio>")
         parts.append(part)
     return "[" + ", ".join(parts) + "]", (images, videos, audios)
+
+
+def _digest_text(turns: list) -> str:
+    """The text digest's input for normalised turns (role / content strings), as the fast path
+    builds it for the records it reads."""
+    parts = []
+    for turn in turns:
+        parts.append(_ROLE_MARK[turn["role"]])
+        parts.append(turn["content"])
+    return "\x00".join(parts)
 
 
 def _texts(turns: list, role_key: str, text_key: str) -> tuple[str, str]:
@@ -198,6 +215,8 @@ class RecordParser:
         self.combos: dict[tuple, _Media] = {} if reuse is None else reuse.combos
         # as written -> absolute path, or an error word
         self.paths: dict[str, Path | str] = {} if reuse is None else reuse.paths
+        # the assigner's tally of records whose field names a task (one per assigner)
+        self.field_tally: dict[str, int] | None = None if reuse is None else reuse.field_tally
         self.parse = self._make_parse()
 
     # -- media paths -----------------------------------------------------------------------
@@ -351,20 +370,40 @@ class RecordParser:
         modalities = c.stats.modalities
         spec = c.spec
         fast_keys = frozenset({"id", task_field, "messages", "conversations", "images", "videos", "audios"})
-        role_tail = _ROLE_TAIL
+        role_tail, role_mark = _ROLE_TAIL, _ROLE_MARK
         quoted_texts: dict[str, str] = {}  # a turn's text -> its JSON string, for the texts records repeat
+
+        def turns_json(raw: list, role_key: str, text_key: str) -> str:
+            """The JSON of turns the fast path has checked: what messages_json() gives for them."""
+            parts = []
+            last = raw[-1]
+            for turn in raw:
+                text = turn[text_key]
+                if turn is last:  # the answer: rarely repeated
+                    quoted = json_of(text)
+                else:  # system prompts and templated questions repeat across records
+                    quoted = quoted_texts.get(text)
+                    if quoted is None:
+                        if len(quoted_texts) >= _TEXTS_KEPT:
+                            quoted_texts.clear()
+                        quoted = quoted_texts[text] = json_of(text)
+                parts.append(f'{{"content": {quoted}{role_tail[turn[role_key]]}')
+            return f"[{', '.join(parts)}]"
         assigner = c.assigner
         if assigner is not None:
             from quantkit.taskassign import TaskEvidence, UnknownTaskError
 
             assign, named, dataset = assigner.assign, c.named, c.dataset
-            field_evidence: dict[tuple[str, frozenset[str]], TaskEvidence] = {}
+            # Records whose field names a task are counted here rather than given to assign().
+            if self.field_tally is None:
+                self.field_tally = assigner.field_tally()
+            field_tally = self.field_tally
 
         def parse(record: object, line: int, locator: int) -> None:
             if record.__class__ is not dict and not isinstance(record, dict):
                 raise RecordError("a record must be a JSON object")
             get = record.get
-            messages_json = None
+            messages_json = digest_text = None  # the JSON is built only where it is needed
             # The internal shape, fast: messages of role / content strings (or ShareGPT from /
             # value), no other fields to map. Anything unusual goes through normalize().
             if spec is None and record.keys() <= fast_keys:
@@ -379,10 +418,9 @@ class RecordParser:
                 if raw.__class__ is list and raw:
                     parts = []
                     images = videos = audios = 0
-                    last = raw[-1]
                     try:
                         for turn in raw:
-                            tail = role_tail[turn[role_key]]
+                            mark = role_mark[turn[role_key]]
                             text = turn[text_key]
                             if text.__class__ is not str:
                                 raise TypeError
@@ -393,23 +431,17 @@ class RecordParser:
                                 images += text.count("<image>")
                                 videos += text.count("<video>")
                                 audios += text.count("<audio>")
-                            if turn is last:  # the answer: rarely repeated
-                                quoted = json_of(text)
-                            else:  # system prompts and templated questions repeat across records
-                                quoted = quoted_texts.get(text)
-                                if quoted is None:
-                                    if len(quoted_texts) >= _TEXTS_KEPT:
-                                        quoted_texts.clear()
-                                    quoted = quoted_texts[text] = json_of(text)
-                            parts.append(f'{{"content": {quoted}{tail}')
-                        messages_json = f"[{', '.join(parts)}]"
+                            parts.append(mark)
+                            parts.append(text)
+                        digest_text = "\x00".join(parts)
                         counts = (images, videos, audios)
                     except (KeyError, TypeError):
                         pass
-            if messages_json is None:
+            if digest_text is None:
                 mapped = normalize(record, spec)
                 messages_json, counts = _checked_messages(mapped["messages"])
                 raw, role_key, text_key, get_media = mapped["messages"], "role", "content", mapped.get
+                digest_text = _digest_text(raw)
             else:
                 get_media = get
 
@@ -436,6 +468,7 @@ class RecordParser:
                     mapped = normalize(record, spec)
                     messages_json, counts = _checked_messages(mapped["messages"])
                     raw, role_key, text_key = mapped["messages"], "role", "content"
+                    digest_text = _digest_text(raw)
                 if counts != combo.counts:
                     raise count_error(counts, combo)
             derived = combo.derived or derive(combo)
@@ -445,24 +478,21 @@ class RecordParser:
                 if task_name.__class__ is not str or not task_name:
                     task_name = None if task_name in (None, "") else str(task_name)
                 if task_name is not None and task_name in tasks:
-                    # The field decides: no texts needed, and one evidence per (field, media kinds).
-                    evidence = field_evidence.get((task_name, derived.kinds))
-                    if evidence is None:
-                        evidence = field_evidence[task_name, derived.kinds] = TaskEvidence(
-                            named, dataset, task_name, "", "", derived.kinds
-                        )
+                    # The field decides (what assign() would give): no texts needed.
+                    field_tally[task_name] += 1
+                    task = tasks[task_name]
                 else:
                     prompt, answer = _texts(raw, role_key, text_key)
                     evidence = TaskEvidence(named, dataset, task_name, prompt, answer, derived.kinds)
-                try:
-                    assignment = assign(evidence)
-                except UnknownTaskError as err:
-                    raise RecordError(str(err)) from None
-                if assignment.task is None:  # (the others' origins and modalities: read.py, per source)
-                    if emit is None:
-                        modalities[derived.modality] += 1
-                    return  # counted by the assigner; calibrate lists them once the pool is read
-                task = tasks[assignment.task]
+                    try:
+                        assignment = assign(evidence)
+                    except UnknownTaskError as err:
+                        raise RecordError(str(err)) from None
+                    if assignment.task is None:  # (the others' origins and modalities: read.py, per source)
+                        if emit is None:
+                            modalities[derived.modality] += 1
+                        return  # counted by the assigner; calibrate lists them once the pool is read
+                    task = tasks[assignment.task]
 
             name = task.name
             shared = derived.tails.get(name)
@@ -491,13 +521,17 @@ class RecordParser:
             elif record_id not in (None, ""):
                 record_id = str(record_id)
             else:  # sha256 of the canonical JSON {audios, images, messages, task, videos}, relative paths
+                if messages_json is None:
+                    messages_json = turns_json(raw, role_key, text_key)
                 canonical = f"{shared[3]}{messages_json}{shared[4]}"
                 record_id = sha256(canonical.encode()).hexdigest()[:16]
             if emit is None:  # the compact index: see quantkit.pool.index
+                if digest_text.count("\x00") != 2 * len(raw) - 1:  # a text holds a NUL: its JSON
+                    digest_text = messages_json or turns_json(raw, role_key, text_key)
                 # (the UTF-8 of the text, strict: a lone surrogate raises UnicodeEncodeError)
                 # (blake2b's first 16 bytes: without a digest_size keyword, whose parsing costs
                 # a third of the call; only equality within this run is used)
-                add_digest(blake2b(messages_json.encode()).digest()[:16])
+                add_digest(blake2b(digest_text.encode()).digest()[:16])
                 add_group(shared[5])
                 add_line(line)
                 add_locator(locator)
@@ -517,7 +551,7 @@ class RecordParser:
                     line,
                     shared[0],
                     derived.media,
-                    messages_json,
+                    messages_json if messages_json is not None else turns_json(raw, role_key, text_key),
                     shared[1],
                     derived.image_tokens,
                     derived.video_seconds,
