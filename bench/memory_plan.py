@@ -140,8 +140,11 @@ def real_plan(config_dir: Path):
 
 
 def child_plan(config_dir: str) -> dict:
+    from quantkit.cli.quantize import collector_paused  # what `quantize --dry-run` runs under
+
     started = time.perf_counter()
-    result = real_plan(Path(config_dir))
+    with collector_paused():
+        result = real_plan(Path(config_dir))
     return {
         "memory": result.memory,
         "counts": result.counts,
