@@ -126,7 +126,8 @@ def load() -> str:
 
 
 def measured(label: str, args: list[str], repeats: int, code: Path, pycache: Path | None) -> dict:
-    timed(args, code, pycache)  # the warm-up: compiles the bytecode the counted runs read
+    if pycache is not None:
+        timed(args, code, pycache)  # the warm-up: compiles the bytecode the counted runs read
     runs = [timed(args, code, pycache) for _ in range(repeats)]
     cpu = [r["user_s"] + r["sys_s"] for r in runs]
     row = {
@@ -161,7 +162,7 @@ def run(repeats: int, quick: bool, code: Path = ROOT) -> dict:
 def report(result: dict) -> str:
     out = [
         f"Each command in a fresh interpreter, median of {result['repeats']} run(s) after one not "
-        f"counted; CPU = user + sys of the child. Python keeps the bytecode it compiles (as after "
+        f"counted (the bytecode cache's warm-up); CPU = user + sys of the child. Python keeps the bytecode it compiles (as after "
         f"`make install`), except in the last row: no bytecode cache, every module compiled from "
         f"source, what a first call or an environment with PYTHONDONTWRITEBYTECODE pays. Load "
         f"average (1, 5, 15 min) before {result['load_before']}, after {result['load_after']} "
