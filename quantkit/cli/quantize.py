@@ -63,15 +63,16 @@ def collector_paused():
     """Python's cyclic garbage collector off while a dry run imports torch, transformers (and
     llmcompressor for MoE experts): ~4,400 modules whose objects all live to the end, which its
     full passes walk again and again (measured: 1.5-2.5 of a dry run's ~7 CPU s); the plan itself
-    frees little. Re-enabled after. At exit the survivors are frozen first, so the interpreter's
-    last collections skip them (~1 s more): the process ends there, nothing is left to collect."""
-    enabled = gc.isenabled()
-    gc.disable()
+    frees little. Re-enabled after, as the pool reader's pause does (survivors moved to the oldest
+    generation). At exit everything left is frozen, so the interpreter's last collections skip it
+    (~1 s more): freezing collects nothing, so cycles made while paused stay uncollected and their
+    finalizers do not run; the process is ending, and the dry run writes its plan before."""
+    from quantkit.pool.read import gc_paused
+
     try:
-        yield
+        with gc_paused():
+            yield
     finally:
-        if enabled:
-            gc.enable()
         atexit.unregister(gc.freeze)  # once, however many dry runs one process makes
         atexit.register(gc.freeze)
 
