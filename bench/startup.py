@@ -65,20 +65,20 @@ def commands(work: Path, quick: bool) -> list[tuple[str, list[str]]]:
     return rows
 
 
-def bytecode_env(code: Path, pycache: Path | None) -> dict[str, str]:
-    """The child's environment: with ``pycache``, Python keeps its compiled bytecode there; with
-    None, it neither writes nor finds any (every module compiled from source)."""
+def bytecode_env(code: Path, pycache: Path, cached: bool = True) -> dict[str, str]:
+    """The child's environment: Python keeps its compiled bytecode under ``pycache``; not
+    ``cached``, it writes none there and finds none (``pycache`` an empty folder: every module
+    compiled from source, the checkout's own __pycache__ folders ignored)."""
     env = child_env(code)
-    if pycache is None:
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
-        env["PYTHONPYCACHEPREFIX"] = str(Path(tempfile.mkdtemp(prefix="qk-no-pycache-")))
-    else:
+    env["PYTHONPYCACHEPREFIX"] = str(pycache)
+    if cached:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
-        env["PYTHONPYCACHEPREFIX"] = str(pycache)
+    else:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
 
 
-def timed(args: list[str], code: Path = ROOT, pycache: Path | None = None) -> dict:
+def timed(args: list[str], code: Path, pycache: Path, cached: bool = True) -> dict:
     """One fresh interpreter: its CPU seconds (user + sys) and wall seconds. Run in ``code`` (``-m
     quantkit`` imports the quantkit of the working folder before PYTHONPATH's)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -87,7 +87,7 @@ def timed(args: list[str], code: Path = ROOT, pycache: Path | None = None) -> di
         [sys.executable, *args],
         capture_output=True,
         text=True,
-        env=bytecode_env(code, pycache),
+        env=bytecode_env(code, pycache, cached),
         cwd=code,
         check=False,
     )
@@ -102,13 +102,13 @@ def timed(args: list[str], code: Path = ROOT, pycache: Path | None = None) -> di
     }
 
 
-def heavy_imports(args: list[str], code: Path = ROOT, pycache: Path | None = None) -> list[str]:
+def heavy_imports(args: list[str], code: Path, pycache: Path, cached: bool = True) -> list[str]:
     """The heavy libraries a command imports (from ``-X importtime``'s report on stderr)."""
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", *args],
         capture_output=True,
         text=True,
-        env=bytecode_env(code, pycache),
+        env=bytecode_env(code, pycache, cached),
         cwd=code,
         check=False,
     )
@@ -125,10 +125,12 @@ def load() -> str:
     return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
-def measured(label: str, args: list[str], repeats: int, code: Path, pycache: Path | None) -> dict:
-    if pycache is not None:
+def measured(
+    label: str, args: list[str], repeats: int, code: Path, pycache: Path, cached: bool = True
+) -> dict:
+    if cached:
         timed(args, code, pycache)  # the warm-up: compiles the bytecode the counted runs read
-    runs = [timed(args, code, pycache) for _ in range(repeats)]
+    runs = [timed(args, code, pycache, cached) for _ in range(repeats)]
     cpu = [r["user_s"] + r["sys_s"] for r in runs]
     row = {
         "command": label,
@@ -136,7 +138,7 @@ def measured(label: str, args: list[str], repeats: int, code: Path, pycache: Pat
         "cpu_min_s": round(min(cpu), 2),
         "cpu_max_s": round(max(cpu), 2),
         "wall_s": round(median(r["wall_s"] for r in runs), 2),
-        "imports": heavy_imports(args, code, pycache),
+        "imports": heavy_imports(args, code, pycache, cached),
     }
     print(json.dumps(row), flush=True)
     return row
@@ -149,10 +151,13 @@ def run(repeats: int, quick: bool, code: Path = ROOT) -> dict:
         rows = [measured(label, args, repeats, code, pycache) for label, args in commands(work, quick)]
         name = REAL[1]
         label = f"quantize --dry-run {name} (fp8-dynamic), no bytecode cache"
-        rows.append(measured(label, dry_run_args(name, work), repeats, code, None))
+        no_pycache = Path(tmp) / "no-pycache"
+        no_pycache.mkdir()
+        rows.append(measured(label, dry_run_args(name, work), repeats, code, no_pycache, cached=False))
     return {
         "repeats": repeats,
         "commit": git_commit(code),
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "load_before": load_before,
         "load_after": load(),
         "rows": rows,
@@ -166,7 +171,7 @@ def report(result: dict) -> str:
         f"`make install`), except in the last row: no bytecode cache, every module compiled from "
         f"source, what a first call or an environment with PYTHONDONTWRITEBYTECODE pays. Load "
         f"average (1, 5, 15 min) before {result['load_before']}, after {result['load_after']} "
-        f"(2 cores). Measured at commit {result['commit']}; `bench/startup.py` writes this section.",
+        f"({result['cores']} cores). Measured at commit {result['commit']}; `bench/startup.py` writes this section.",
         "",
         "| command | CPU (median, min-max) | wall | heavy libraries imported |",
         "|---|---|---|---|",
@@ -187,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, help="write the table as a section of this RESULTS.md")
     parser.add_argument("--code", type=Path, default=ROOT, help="measure the quantkit of another checkout")
     args = parser.parse_args(argv)
-    result = run(1 if args.quick else args.repeats, args.quick, args.code)
+    result = run(1 if args.quick else args.repeats, args.quick, args.code.resolve())
     text = report(result)
     print(text)
     if args.json:
