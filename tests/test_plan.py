@@ -127,6 +127,34 @@ def test_dry_run_cli_prints_and_writes_the_plan_from_a_config_only_folder(zoo_mo
     assert not out.exists()
 
 
+def test_the_dry_run_plans_with_the_collector_paused_and_gives_it_back(zoo_model, tmp_path, monkeypatch):
+    """`quantize --dry-run` turns Python's cyclic collector off while it imports and plans; an
+    in-process caller gets it back on, whether the dry run succeeds or exits 2 on bad input."""
+    import gc
+
+    import quantkit.cli.quantize as quantize_cli
+
+    collector_on_while_printing = []
+    print_plan = quantize_cli.print_plan
+
+    def spy(*args, **kwargs):
+        collector_on_while_printing.append(gc.isenabled())
+        return print_plan(*args, **kwargs)
+
+    monkeypatch.setattr(quantize_cli, "print_plan", spy)
+    bare = config_only(zoo_model, "tiny-qwen3", tmp_path)
+    assert gc.isenabled()
+    command = ["quantize", str(bare), "--output", str(tmp_path / "o"), "--dry-run", "--recipe"]
+    planned = runner.invoke(app, [*command, "fp8-dynamic"])
+    assert planned.exit_code == 0, planned.output
+    assert collector_on_while_printing == [False]
+    assert gc.isenabled()
+    refused = runner.invoke(app, [*command, str(tmp_path / "no-such-recipe.yaml")])
+    assert refused.exit_code == 2, refused.output
+    assert collector_on_while_printing == [False]  # refused before any plan
+    assert gc.isenabled()
+
+
 @pytest.mark.slow
 def test_a_spilled_run_writes_the_same_checkpoint_and_records_plan_and_peaks(zoo_model, tmp_path):
     name = "tiny-qwen3"

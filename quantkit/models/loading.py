@@ -161,7 +161,10 @@ def generation_without_sklearn(enabled: bool = True):
         utils.is_sklearn_available = import_utils.is_sklearn_available = real
         installed = real()
         for name, module in list(sys.modules.items()):
-            if module is None or getattr(module, "is_sklearn_available", None) is not _no_sklearn:
+            # The module's own namespace, not getattr: a module-level __getattr__ (transformers'
+            # moved-module aliases such as image_processing_*_fast) imports its target on a miss,
+            # 400-odd modules and ~1 s of CPU for a name none of them holds.
+            if getattr(module, "__dict__", {}).get("is_sklearn_available") is not _no_sklearn:
                 continue
             module.is_sklearn_available = real
             if name in SKLEARN_USERS:
