@@ -925,6 +925,19 @@ def results_section(saved: dict, wall_note: str, expected) -> str:
     return "\n".join(lines)
 
 
+def forward_failure(model, ref: Reference) -> str | None:
+    """What a written checkpoint raises on one short evaluation window, if anything: a scheme
+    can write a checkpoint its own forward cannot run (llmcompressor's FP8_BLOCK preset on 576
+    in-features: activation groups of 128), which is the run's failure, not the bench's; the
+    scoring itself runs outside this check, so a fault there still propagates."""
+    try:
+        with torch.no_grad():
+            model(input_ids=ref.evals[0][None, :16], use_cache=False)
+    except Exception as exc:
+        return "the written checkpoint does not run: " + failure(exc)
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -1075,7 +1088,13 @@ def main() -> None:
                 print(f"{name}: failed: {row['failed']}", flush=True)
             else:  # what fails in scoring is the bench's own fault: it propagates
                 with float32_fp4():
-                    row = {**info, **stored_bits(output), **score(load_checkpoint(output), ref)}
+                    model = load_checkpoint(output)
+                    refused = forward_failure(model, ref)
+                    if refused:  # the checkpoint the run wrote cannot run a forward pass
+                        row = {**info, "failed": refused}
+                        print(f"{name}: failed: {row['failed']}", flush=True)
+                    else:
+                        row = {**info, **stored_bits(output), **score(model, ref)}
             if name in CALIB_OVERRIDE:
                 row["calib_samples"] = len(run_calib)
         row["run_s"] = round(time.perf_counter() - clock, 1)
