@@ -236,3 +236,35 @@ def test_stored_bits_count_every_packed_weight(zoo_model, tmp_path, recipe, pack
     stored = mp.stored_bits(result.output)
     assert stored["avg_bits"] == num_bits, (packing, stored)
     assert stored["effective_bits"] > num_bits, (packing, stored)
+
+
+@pytest.mark.parametrize("hidden", [128, 192])
+def test_a_checkpoint_whose_forward_raises_is_the_runs_failure(tmp_path, hidden):
+    """llmcompressor's FP8_BLOCK preset quantizes activations in groups of 128 at run time: on
+    in-features 128 does not divide, the checkpoint it writes cannot run a forward pass, and the
+    bench records that as the run's failure; where 128 divides them, the checkpoint runs."""
+    import torch
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    mp = bench_module("mixed_precision")
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=1,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 64,
+    )
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "base")  # oneshot reads the model's folder
+    model = LlamaForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.float32)
+    ref = mp.Reference(model, [torch.randint(0, 256, (32,))])
+    oneshot(model=model, recipe=[QuantizationModifier(targets=["Linear"], scheme="FP8_BLOCK", ignore=["lm_head"])])
+    model.save_pretrained(tmp_path / "fp8-block", save_compressed=True)
+    refused = mp.forward_failure(mp.load_checkpoint(tmp_path / "fp8-block"), ref)
+    if hidden % 128:
+        assert refused and refused.startswith("the written checkpoint does not run: "), refused
+    else:
+        assert refused is None
