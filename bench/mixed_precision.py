@@ -895,7 +895,9 @@ def results_section(saved: dict, wall_note: str, expected) -> str:
             else ""
         )
         + " A `failed` row is a run that raised: the error (type and first line of the innermost message), as "
-        "measured by this bench.",
+        "measured by this bench. Times are wall-clock seconds on a small machine other jobs share: they follow its "
+        "load (within one run the same decoder layer's pass can take several times as long as another's), so "
+        "compare rows' times only roughly.",
         "",
         "\"made by\": the git commit of the code that measured the row (\"+\": with local changes). A row is "
         "re-measured when quantkit's source, the recipe, this bench's measuring code or a library version changes; "
