@@ -456,7 +456,34 @@ def quantkit_run(
 
 
 # Tensors a quantized Linear stores besides (or instead of) its weight.
-QUANT_PARAMS = ("weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx", "input_scale", "input_zero_point")
+QUANT_PARAMS = (
+    "weight_scale",
+    "weight_zero_point",
+    "weight_shape",
+    "weight_g_idx",
+    "weight_global_scale",
+    "input_scale",
+    "input_zero_point",
+    "input_global_scale",
+)
+
+
+def weight_count(layer: str, stored: torch.Tensor, weight_shape: torch.Tensor | None, qconfig) -> int:
+    """How many weights ``layer`` (its stored weight tensor's name) holds: the product of its
+    ``weight_shape`` entry where the format writes one (int4 pack-quantized, 8 per int32);
+    otherwise, for a packed weight, each element's bits over the num_bits of the config group
+    that claims the layer (FP4: 2 per uint8); an unpacked int8 / fp8 weight holds one each."""
+    if weight_shape is not None:
+        return int(torch.prod(weight_shape))
+    if not layer.endswith(".weight_packed"):
+        return stored.numel()
+    from quantkit.verify.audit import _scheme_for
+
+    # Quantized layers are Linear modules: a meta Linear lets class targets ("Linear") match.
+    claimed = _scheme_for(layer.removesuffix(".weight_packed"), torch.nn.Linear(1, 1, device="meta"), qconfig)
+    if claimed is None:
+        raise ValueError(f"{layer}: no config group claims a packed weight")
+    return stored.numel() * (stored.element_size() * 8 // claimed[1].weights.num_bits)
 
 
 def stored_bits(checkpoint: Path) -> dict:
@@ -464,17 +491,19 @@ def stored_bits(checkpoint: Path) -> dict:
     weights alone (``weight`` / ``weight_packed``) and with every quantization tensor of the layer."""
     from safetensors import safe_open
 
+    from quantkit.verify.audit import _quantization_config
+
+    _, qconfig, _ = _quantization_config(Path(checkpoint))
     weights = extra = count = 0
     for path in sorted(Path(checkpoint).glob("*.safetensors")):
         with safe_open(str(path), "pt") as handle:
             keys = set(handle.keys())
             for key in sorted(k for k in keys if k.endswith(".weight_scale")):
                 layer = key.removesuffix(".weight_scale")
-                stored = handle.get_tensor(f"{layer}.weight_packed" if f"{layer}.weight_packed" in keys else f"{layer}.weight")
-                if f"{layer}.weight_shape" in keys:
-                    count += int(torch.prod(handle.get_tensor(f"{layer}.weight_shape")))
-                else:
-                    count += stored.numel()
+                weight_key = f"{layer}.weight_packed" if f"{layer}.weight_packed" in keys else f"{layer}.weight"
+                stored = handle.get_tensor(weight_key)
+                shape = handle.get_tensor(f"{layer}.weight_shape") if f"{layer}.weight_shape" in keys else None
+                count += weight_count(weight_key, stored, shape, qconfig)
                 weights += stored.numel() * stored.element_size() * 8
                 for suffix in QUANT_PARAMS:
                     if f"{layer}.{suffix}" in keys:
@@ -567,6 +596,7 @@ MEASURING = (
     failure,
     chat_windows,
     quantkit_run,
+    weight_count,
     stored_bits,
     symmetric_w4a16,
     rtn_run,
@@ -865,7 +895,9 @@ def results_section(saved: dict, wall_note: str, expected) -> str:
             else ""
         )
         + " A `failed` row is a run that raised: the error (type and first line of the innermost message), as "
-        "measured by this bench.",
+        "measured by this bench. Times are wall-clock seconds on a small machine other jobs share: they follow its "
+        "load (within one run the same decoder layer's pass can take several times as long as another's), so "
+        "compare rows' times only roughly.",
         "",
         "\"made by\": the git commit of the code that measured the row (\"+\": with local changes). A row is "
         "re-measured when quantkit's source, the recipe, this bench's measuring code or a library version changes; "
@@ -874,17 +906,6 @@ def results_section(saved: dict, wall_note: str, expected) -> str:
         + (f" ({', '.join(kept)})." if kept else "."),
         "",
         markdown(saved["runs"], reference, expected),
-        *(
-            [
-                "",
-                "The nvfp4 rows' bit columns are twice the true figures: `stored_bits` counts each byte of "
-                "`weight_packed` (two FP4 weights) as one weight, so they read 4.0 and 4.5 bits (FP4 values, one FP8 "
-                "scale per 16) plus a per-tensor global scale. Correcting it changes the measuring code and "
-                "re-measures every row; not done yet.",
-            ]
-            if any("nvfp4" in name and "ppl" in row for name, row in saved["runs"].items())
-            else []
-        ),
         "",
         *harness_table(saved.get("harness") or {}, saved["runs"], expected),
         "",
@@ -904,6 +925,19 @@ def results_section(saved: dict, wall_note: str, expected) -> str:
             f"for all units ({fisher.get('forward_passes')} forward and {fisher.get('backward_passes')} backward passes)."
         )
     return "\n".join(lines)
+
+
+def forward_failure(model, ref: Reference) -> str | None:
+    """What a written checkpoint raises on one short evaluation window, if anything: a scheme
+    can write a checkpoint its own forward cannot run (llmcompressor's FP8_BLOCK preset on 576
+    in-features: activation groups of 128), which is the run's failure, not the bench's; the
+    scoring itself runs outside this check, so a fault there still propagates."""
+    try:
+        with torch.no_grad():
+            model(input_ids=ref.evals[0][None, :16], use_cache=False)
+    except Exception as exc:
+        return "the written checkpoint does not run: " + failure(exc)
+    return None
 
 
 def main() -> None:
@@ -1056,7 +1090,13 @@ def main() -> None:
                 print(f"{name}: failed: {row['failed']}", flush=True)
             else:  # what fails in scoring is the bench's own fault: it propagates
                 with float32_fp4():
-                    row = {**info, **stored_bits(output), **score(load_checkpoint(output), ref)}
+                    model = load_checkpoint(output)
+                    refused = forward_failure(model, ref)
+                    if refused:  # the checkpoint the run wrote cannot run a forward pass
+                        row = {**info, "failed": refused}
+                        print(f"{name}: failed: {row['failed']}", flush=True)
+                    else:
+                        row = {**info, **stored_bits(output), **score(model, ref)}
             if name in CALIB_OVERRIDE:
                 row["calib_samples"] = len(run_calib)
         row["run_s"] = round(time.perf_counter() - clock, 1)

@@ -235,3 +235,64 @@ def test_stored_bits_are_read_from_the_checkpoint(zoo_model, tmp_path):
     expected = (8 * count + 16 * sum(o for o, _ in shapes)) / count
     bits = mp.stored_bits(result.output)
     assert bits["avg_bits"] == 8.0 and abs(bits["effective_bits"] - expected) < 1e-3, bits
+
+
+@pytest.mark.parametrize(
+    ("recipe", "packing"),
+    [("w4a16", "int4 in int32, weight_shape stored"), ("nvfp4-a16", "FP4 in uint8, no weight_shape"), ("fp8-dynamic", "unpacked")],
+)
+def test_stored_bits_count_every_packed_weight(zoo_model, tmp_path, recipe, packing):
+    """However a format packs its weights, the bench counts each weight once: the stored weight
+    bits over the model's own Linear shapes are the scheme's num_bits (round-to-nearest, so no
+    calibration set is needed)."""
+    import torch
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    from quantkit.models import adapter_for
+    from quantkit.quantize import quantize
+    from quantkit.recipes import get_recipe
+
+    mp = bench_module("mixed_precision")
+    source = zoo_model("tiny-qwen3")
+    shipped = get_recipe(recipe)
+    result = quantize(source, tmp_path / recipe, shipped.model_copy(update={"method": "rtn"}), [], progress=False)
+    num_bits = preset_name_to_scheme(shipped.scheme, ["Linear"]).weights.num_bits
+    model = adapter_for(source).load_model(source, dtype=torch.bfloat16)
+    shapes = [model.get_submodule(name).weight.shape for name in result.quantized_modules]
+    # 32 bits (an int32) hold a whole number of weights only when in_features divide evenly
+    assert shapes and all(i * num_bits % 32 == 0 for _, i in shapes), (packing, shapes)
+    stored = mp.stored_bits(result.output)
+    assert stored["avg_bits"] == num_bits, (packing, stored)
+    assert stored["effective_bits"] > num_bits, (packing, stored)
+
+
+@pytest.mark.parametrize("hidden", [128, 192])
+def test_a_checkpoint_whose_forward_raises_is_the_runs_failure(tmp_path, hidden):
+    """llmcompressor's FP8_BLOCK preset quantizes activations in groups of 128 at run time: on
+    in-features 128 does not divide, the checkpoint it writes cannot run a forward pass, and the
+    bench records that as the run's failure; where 128 divides them, the checkpoint runs."""
+    import torch
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    mp = bench_module("mixed_precision")
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=1,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 64,
+    )
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "base")  # oneshot reads the model's folder
+    model = LlamaForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.float32)
+    ref = mp.Reference(model, [torch.randint(0, 256, (32,))])
+    oneshot(model=model, recipe=[QuantizationModifier(targets=["Linear"], scheme="FP8_BLOCK", ignore=["lm_head"])])
+    model.save_pretrained(tmp_path / "fp8-block", save_compressed=True)
+    refused = mp.forward_failure(mp.load_checkpoint(tmp_path / "fp8-block"), ref)
+    if hidden % 128:
+        assert refused and refused.startswith("the written checkpoint does not run: "), refused
+    else:
+        assert refused is None
