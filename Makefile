@@ -9,7 +9,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 TV_META := $(VLLM_VENV)/lib/python3.11/site-packages/torchvision/_meta_registrations.py
 
-.PHONY: install vllm-env envs demo test test-quick lint clean checkpoints bench bench-real
+.PHONY: install vllm-env envs demo test test-quick lint clean checkpoints bench bench-real jargon-text
 
 # pip install --no-compile: pip byte-compiles every .py file it installs (all of torch, transformers,
 # vLLM ...), while Python compiles on first import only the modules a command uses, once. Measured
@@ -110,9 +110,17 @@ bench: install
 # the notes' settings (64 x 512-token calibration windows, 20 evaluation windows); ~70 min on 2
 # cores (--all adds the selection-rule studies: ~60 min more). Finished runs are kept in
 # $(BENCH_WORK) and reused. Writes the real-weights section of bench/RESULTS.md.
-bench-real: install
+bench-real: install jargon-text
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/mixed_precision.py --work $(BENCH_WORK) \
 		--results bench/real_weights.json --write-results bench/RESULTS.md
+
+# The Jargon File (Debian's jargon-text) is bench-real's text; installed with apt-get where it is
+# missing and apt is there (as root), else skipped with the reason (the bench then says it is missing).
+jargon-text:
+	@test -f /usr/share/doc/jargon-text/jargon.txt.gz -o -f /usr/share/jargon/jargon.txt.gz \
+	  || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] \
+	       && { apt-get update -qq && apt-get install -y -qq jargon-text; } \
+	       || echo "jargon-text not installed: apt-get unavailable or not root; bench-real needs it"; }
 
 test-quick: install
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_WORKERS) -m "not slow"
