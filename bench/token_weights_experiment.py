@@ -512,6 +512,7 @@ def write_part(results: Path, text: str, *, smol: bool) -> None:
     from _shared import read_section, replace_section
 
     tiny, _, rest = (read_section(results, SECTION) or "").partition(SMOL_SECTION)
+    tiny = tiny.replace(SMOL_PENDING, "")  # said only while the SmolLM2 part has no figures
     parts = (
         [tiny.rstrip(), text] if smol else [text, (SMOL_SECTION + rest).rstrip() if rest else SMOL_PENDING]
     )
