@@ -14,9 +14,13 @@ scored with ``quantkit.eval.skills.score_model`` on the same held-out items as t
         --settings w4a16,w4a16-sym-10 --seeds 0,1 --write-results bench/RESULTS.md
 
 ``--smollm2`` runs the SmolLM2-135M part instead (plain vs answer-weighted GPTQ vs imatrix,
-perplexity and KL on held-out Jargon File windows, its own subsection). It has been smoke-run
-only (one plain run on 2 windows): on the shared 2-core machine one SmolLM2 GPTQ run did not
-finish in 13 minutes, so it has no figures in RESULTS.md yet.
+perplexity and KL on held-out Jargon File windows, its own subsection): ``--smol-settings``
+(w4a16 as shipped; w4a16-sym, no zero points), ``--smol-size`` calibration windows of 512 tokens
+per seed, ``--smol-eval`` evaluation windows; each run's JSON records them. One run (16 windows)
+takes about 4-5 minutes on one thread of the shared 2-core machine.
+
+    python bench/token_weights_experiment.py --smollm2 --work /tmp/tw-smol --smol-settings w4a16,w4a16-sym \
+        --seeds 0,1,2 --smol-size 16 --smol-eval 16 --write-results bench/RESULTS.md
 
 Finished runs are kept in ``--work`` (one JSON per run, with the git commit that made it) and
 reused; the RESULTS.md section is rendered from them.
@@ -399,6 +403,26 @@ def smol_verdict(plain: list[float], other: list[float], lower_is_better: bool) 
     return "better" if (m < p) == lower_is_better else "worse"
 
 
+def smol_records(runs: list[dict]) -> str:
+    """What the checkpoints' quantkit.json say reached the quantization: the weights, the observer."""
+    weighted = [r for r in runs if r["arm"] == "answer-up"]
+    imatrix = [r for r in runs if r["arm"] == "imatrix"]
+    out = []
+    if weighted:
+        recorded = [r["recorded_token_weights"] for r in weighted if r["recorded_token_weights"]]
+        out.append(
+            f"{len(recorded)} of {len(weighted)} answer-up runs recorded their token weights in "
+            f"quantkit.json (mean weight {statistics.mean(w['mean_weight'] for w in recorded):.3f} over "
+            f"{statistics.mean(w['tokens'] for w in recorded):.0f} tokens a run)"
+            if recorded
+            else f"none of the {len(weighted)} answer-up runs recorded token weights in quantkit.json"
+        )
+    if imatrix:
+        observed = sum(r["recorded_weight_observer"] == "imatrix_mse" for r in imatrix)
+        out.append(f"{observed} of {len(imatrix)} imatrix runs recorded weight_observer: imatrix_mse")
+    return "; ".join(out) + "." if out else ""
+
+
 def smol_render(runs: list[dict]) -> str:
     first = runs[0]
     lines = [
@@ -452,10 +476,11 @@ def smol_render(runs: list[dict]) -> str:
             ppl = smol_verdict([ppl_change(r) for r in plain], [ppl_change(r) for r in group], True)
             top1 = smol_verdict([r["top1"] for r in plain], [r["top1"] for r in group], False)
             diff = cell([r["kl"] for r in group])[0] - cell([r["kl"] for r in plain])[0]
+            points = cell([ppl_change(r) for r in group])[0] - cell([ppl_change(r) for r in plain])[0]
             verdicts.append((setting, arm, kl, ppl, top1))
             lines.append(
-                f"- {setting}, {arm} against plain: KL {diff:+.4f} ({kl}), perplexity change {ppl}, "
-                f"top-1 {top1}"
+                f"- {setting}, {arm} against plain: KL {diff:+.4f} ({kl}), perplexity change "
+                f"{points:+.2f} points ({ppl}), top-1 {top1}"
             )
     if verdicts:
         helped = [f"{arm} ({setting})" for setting, arm, kl, ppl, _ in verdicts if "better" in (kl, ppl)]
@@ -468,7 +493,14 @@ def smol_render(runs: list[dict]) -> str:
                 else "Neither answer-token weighting nor imatrix beat plain GPTQ beyond the seed spread, "
                 "in KL or perplexity, in any setting measured here. "
             )
-            + (f"Worse than plain beyond the seed spread: {', '.join(hurt)}." if hurt else "None was worse."),
+            + (f"Worse than plain beyond the seed spread: {', '.join(hurt)}. " if hurt else "None was worse. ")
+            + smol_records(runs)
+            + (
+                " The built-in recipes ship with token_weights absent (off) and weight_observer unset "
+                "(the library's memoryless_minmax)."
+                if shipped_defaults()
+                else " Some built-in recipe turns token_weights or weight_observer on."
+            ),
         ]
     return "\n".join(lines)
 

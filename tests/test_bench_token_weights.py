@@ -37,6 +37,8 @@ def smol_runs(kl_by_arm: dict[str, list[float]], setting: str = "w4a16") -> list
             "ppl": original * (1 + kl),
             "kl": kl,
             "top1": 1 - kl,
+            "recorded_token_weights": {"mean_weight": 1.75, "tokens": 8000} if arm == "answer-up" else None,
+            "recorded_weight_observer": "imatrix_mse" if arm == "imatrix" else None,
         }
         for arm, values in kl_by_arm.items()
         for seed, kl in enumerate(values)
@@ -54,6 +56,8 @@ def test_smol_verdicts_count_only_differences_beyond_the_seed_spread():
     assert f"KL {diff:+.4f}" in lines["imatrix"]
     assert "Better than plain GPTQ beyond the seed spread (KL or perplexity): imatrix (w4a16)." in text
     assert "None was worse." in text
+    assert "3 of 3 answer-up runs recorded their token weights" in text
+    assert "3 of 3 imatrix runs recorded weight_observer: imatrix_mse" in text
     # each row: mean ± spread over the seeds, and the commit that made it
     row = next(line for line in text.splitlines() if line.startswith("| plain |"))
     assert f"{statistics.mean(plain):.4f} ± {max(plain) - min(plain):.4f}" in row and "cplain" in row
