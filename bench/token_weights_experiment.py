@@ -14,9 +14,13 @@ scored with ``quantkit.eval.skills.score_model`` on the same held-out items as t
         --settings w4a16,w4a16-sym-10 --seeds 0,1 --write-results bench/RESULTS.md
 
 ``--smollm2`` runs the SmolLM2-135M part instead (plain vs answer-weighted GPTQ vs imatrix,
-perplexity and KL on held-out Jargon File windows, its own subsection). It has been smoke-run
-only (one plain run on 2 windows): on the shared 2-core machine one SmolLM2 GPTQ run did not
-finish in 13 minutes, so it has no figures in RESULTS.md yet.
+perplexity and KL on held-out Jargon File windows, its own subsection): ``--smol-settings``
+(w4a16 as shipped; w4a16-sym, no zero points), ``--smol-size`` calibration windows of 512 tokens
+per seed, ``--smol-eval`` evaluation windows; each run's JSON records them. One run (16 windows)
+takes about 4-5 minutes on one thread of the shared 2-core machine.
+
+    python bench/token_weights_experiment.py --smollm2 --work /tmp/tw-smol --smol-settings w4a16,w4a16-sym \
+        --seeds 0,1,2 --smol-size 16 --smol-eval 16 --write-results bench/RESULTS.md
 
 Finished runs are kept in ``--work`` (one JSON per run, with the git commit that made it) and
 reused; the RESULTS.md section is rendered from them.
@@ -289,7 +293,11 @@ SMOL_ARMS: dict[str, dict] = {
     "answer-up": {"token_weights": {"role": {"answer": 4.0}}},
     "imatrix": {"weight_observer": "imatrix_mse"},
 }
+# setting -> recipe overrides: w4a16 as shipped, and without zero points (symmetric int4, which
+# vLLM serves too), the harsher setting where differences between the arms are easier to see.
+SMOL_SETTINGS: dict[str, dict] = {"w4a16": {}, "w4a16-sym": {"symmetric": True}}
 ANSWER_SHARE = 0.25  # the last quarter of each calibration window is the assistant's turn
+SMOL_POOL = 64  # calibration windows to draw from, evenly spread over the first 60% of the text
 
 
 def smol_inputs(work: Path, calib_pool: int, eval_windows: int):
@@ -324,8 +332,12 @@ def smol_samples(tokenizer, calib, size: int, seed: int):
     ]
 
 
-def smol_run(args, arm: str, seed: int, inputs, reference) -> dict:
-    out = args.work / f"smol-{arm}-{args.smol_size}-{seed}-{args.smol_eval}.json"
+def smol_path(work: Path, setting: str, arm: str, size: int, seed: int, evals: int) -> Path:
+    return work / f"smol-{setting}-{arm}-{size}-{seed}-{evals}.json"
+
+
+def smol_run(args, setting: str, arm: str, seed: int, inputs, reference) -> dict:
+    out = smol_path(args.work, setting, arm, args.smol_size, seed, args.smol_eval)
     if out.is_file():
         return json.loads(out.read_text())
     import mixed_precision as mp
@@ -335,26 +347,36 @@ def smol_run(args, arm: str, seed: int, inputs, reference) -> dict:
     from quantkit.recipes.registry import resolve_recipe
     from quantkit.recipes.schema import Recipe
 
-    folder, adapter, tokenizer, calib, _ = inputs
-    recipe = Recipe.model_validate(
-        {**resolve_recipe(RECIPE).model_dump(exclude_unset=True), **SMOL_ARMS[arm]}
-    )
-    checkpoint = args.work / f"ckpt-smol-{arm}-{seed}"
+    folder, adapter, tokenizer, calib, evals = inputs
+    overrides = {**SMOL_SETTINGS[setting], **SMOL_ARMS[arm]}
+    recipe = Recipe.model_validate({**resolve_recipe(RECIPE).model_dump(exclude_unset=True), **overrides})
+    checkpoint = args.work / f"ckpt-smol-{setting}-{arm}-{seed}"
     started = time.monotonic()
     samples = smol_samples(tokenizer, calib, args.smol_size, seed)
     quantize(folder, checkpoint, recipe, samples, adapter=adapter, force=True, progress=False)
     seconds = round(time.monotonic() - started, 1)
+    scored = time.monotonic()
     scores = mp.score(mp.load_checkpoint(checkpoint), reference())
     meta = json.loads((checkpoint / "quantkit.json").read_text())
+    weights = meta["resolved_scheme"]["weights"]
     result = {
+        "setting": setting,
         "arm": arm,
         "seed": seed,
         "size": args.smol_size,
-        "eval_windows": args.smol_eval,
+        "window_tokens": len(calib[0]),
+        "calib_pool": len(calib),
+        "answer_share": ANSWER_SHARE,
+        "eval_windows": len(evals),
+        "overrides": overrides,
+        "scheme": {k: weights[k] for k in ("num_bits", "symmetric", "group_size")},
+        "calibration_tokens": meta["calibration"]["tokens"],
         "commit": git_commit(),
         "quantize_seconds": seconds,
+        "score_seconds": round(time.monotonic() - scored, 1),
         "sample_ids": meta["calibration"]["sample_ids"],
         "recorded_token_weights": meta["calibration"].get("token_weights"),
+        "recorded_weight_observer": meta["recipe"].get("weight_observer"),
         "original_ppl": reference().result["ppl"],
         **scores,
     }
@@ -362,33 +384,124 @@ def smol_run(args, arm: str, seed: int, inputs, reference) -> dict:
     return result
 
 
+def spread_cell(values: list[float], digits: int = 4, suffix: str = "") -> str:
+    mean, spread = cell(values)
+    return f"{mean:.{digits}f}{suffix} ± {spread:.{digits}f}{suffix}"
+
+
+def ppl_change(run: dict) -> float:
+    """Perplexity change against the original's, in percent."""
+    return 100 * (run["ppl"] / run["original_ppl"] - 1)
+
+
+def smol_verdict(plain: list[float], other: list[float], lower_is_better: bool) -> str:
+    """``other`` against ``plain``: better / worse when the means differ by more than the larger
+    of the two seed spreads, else within them."""
+    (p, ps), (m, ms) = cell(plain), cell(other)
+    if abs(m - p) <= max(ps, ms):
+        return "within the seed spread"
+    return "better" if (m < p) == lower_is_better else "worse"
+
+
+def smol_records(runs: list[dict]) -> str:
+    """What the checkpoints' quantkit.json say reached the quantization: the weights, the observer."""
+    weighted = [r for r in runs if r["arm"] == "answer-up"]
+    imatrix = [r for r in runs if r["arm"] == "imatrix"]
+    out = []
+    if weighted:
+        recorded = [r["recorded_token_weights"] for r in weighted if r["recorded_token_weights"]]
+        out.append(
+            f"{len(recorded)} of {len(weighted)} answer-up runs recorded their token weights in "
+            f"quantkit.json (mean weight {statistics.mean(w['mean_weight'] for w in recorded):.3f} over "
+            f"{statistics.mean(w['tokens'] for w in recorded):.0f} tokens a run)"
+            if recorded
+            else f"none of the {len(weighted)} answer-up runs recorded token weights in quantkit.json"
+        )
+    if imatrix:
+        observed = sum(r["recorded_weight_observer"] == "imatrix_mse" for r in imatrix)
+        out.append(f"{observed} of {len(imatrix)} imatrix runs recorded weight_observer: imatrix_mse")
+    return "; ".join(out) + "." if out else ""
+
+
 def smol_render(runs: list[dict]) -> str:
-    arms = [a for a in SMOL_ARMS if any(r["arm"] == a for r in runs)]
-    seeds = sorted({r["seed"] for r in runs})
+    first = runs[0]
     lines = [
         SMOL_SECTION,
         "",
-        f"w4a16 as shipped, {runs[0]['size']} calibration windows of 512 tokens (a user turn, then the "
-        f"last {ANSWER_SHARE:.0%} as the assistant's) drawn per seed from the first 60% of the text, "
-        f"{runs[0]['eval_windows']} evaluation windows from the rest; seeds {', '.join(map(str, seeds))}; "
-        f"original perplexity {runs[0]['original_ppl']:.3f}; mean ± spread (max - min) over seeds.",
-        "",
-        "| arm | perplexity | KL (nats) | top-1 agreement | n | made by |",
-        "|---|---|---|---|---|---|",
+        f"Each seed draws {first['size']} calibration windows of {first['window_tokens']} tokens from "
+        f"{first['calib_pool']} evenly spread over the first 60% of the text, each rendered as a user "
+        f"turn followed by an assistant turn (the window's last {first['answer_share']:.0%}: the "
+        "answer tokens answer-up weighs 4x); every arm of a setting and seed calibrates on those "
+        f"same windows. Scored on {first['eval_windows']} evaluation windows from the rest against "
+        f"the float32 original (perplexity {first['original_ppl']:.3f}): perplexity change, mean "
+        "next-token KL(original || quantized), top-1 agreement; mean ± spread (max - min) over "
+        "seeds. A difference from plain counts only where the means differ by more than the larger "
+        "of the two seed spreads. Time: quantize (calibration, GPTQ, writing) on one thread of "
+        "the shared 2-core machine, mean over seeds. Command: `python bench/token_weights_experiment.py "
+        f"--smollm2 --work DIR --smol-settings {','.join(dict.fromkeys(r['setting'] for r in runs))} "
+        f"--seeds {','.join(map(str, sorted({r['seed'] for r in runs})))} --smol-size {first['size']} "
+        f"--smol-eval {first['eval_windows']} --write-results bench/RESULTS.md`.",
     ]
-    for arm in arms:
-        mine = [r for r in runs if r["arm"] == arm]
-        figures = ["{:.4f} ± {:.4f}".format(*cell([r[key] for r in mine])) for key in ("ppl", "kl", "top1")]
-        commits = ", ".join(sorted({r["commit"] for r in mine}))
-        lines.append(f"| {arm} | " + " | ".join(figures) + f" | {len(mine)} | {commits} |")
-    plain = [r for r in runs if r["arm"] == "plain"]
-    lines.append("")
-    for arm in arms[1:]:
-        mine = [r for r in runs if r["arm"] == arm]
-        (p, ps), (m, ms) = cell([r["kl"] for r in plain]), cell([r["kl"] for r in mine])
-        beyond = abs(m - p) > max(ps, ms)
-        word = ("lower" if m < p else "higher") if beyond else "within the seed spread of"
-        lines.append(f"- {arm}: KL {m - p:+.4f} against plain: {word}{' than' if beyond else ''} plain")
+    verdicts = []
+    for setting in [s for s in SMOL_SETTINGS if any(r["setting"] == s for r in runs)]:
+        mine = [r for r in runs if r["setting"] == setting]
+        arms = [a for a in SMOL_ARMS if any(r["arm"] == a for r in mine)]
+        seeds = sorted({r["seed"] for r in mine})
+        scheme = mine[0]["scheme"]
+        overrides = ", ".join(f"{k}: {v}" for k, v in SMOL_SETTINGS[setting].items()) or "as shipped"
+        lines += [
+            "",
+            f"#### {setting} ({RECIPE} {overrides}: int{scheme['num_bits']}, group {scheme['group_size']}, "
+            f"{'symmetric' if scheme['symmetric'] else 'zero points'}; seeds {', '.join(map(str, seeds))})",
+            "",
+            "| arm | ppl change | KL (nats) | top-1 agreement | n | quantize time | made by |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for arm in arms:
+            group = [r for r in mine if r["arm"] == arm]
+            commits = ", ".join(sorted({r["commit"] for r in group}))
+            lines.append(
+                f"| {arm} | {spread_cell([ppl_change(r) for r in group], 2, '%')} | "
+                f"{spread_cell([r['kl'] for r in group])} | {spread_cell([r['top1'] for r in group])} | "
+                f"{len(group)} | {statistics.mean(r['quantize_seconds'] for r in group):.0f} s | {commits} |"
+            )
+        plain = [r for r in mine if r["arm"] == "plain"]
+        lines.append("")
+        if len(seeds) < 2 or not plain:
+            lines.append(f"- {setting}: fewer than two seeds or no plain run: nothing judged")
+            continue
+        for arm in arms[1:]:
+            group = [r for r in mine if r["arm"] == arm]
+            kl = smol_verdict([r["kl"] for r in plain], [r["kl"] for r in group], lower_is_better=True)
+            ppl = smol_verdict([ppl_change(r) for r in plain], [ppl_change(r) for r in group], True)
+            top1 = smol_verdict([r["top1"] for r in plain], [r["top1"] for r in group], False)
+            diff = cell([r["kl"] for r in group])[0] - cell([r["kl"] for r in plain])[0]
+            points = cell([ppl_change(r) for r in group])[0] - cell([ppl_change(r) for r in plain])[0]
+            verdicts.append((setting, arm, kl, ppl, top1))
+            lines.append(
+                f"- {setting}, {arm} against plain: KL {diff:+.4f} ({kl}), perplexity change "
+                f"{points:+.2f} points ({ppl}), top-1 {top1}"
+            )
+    if verdicts:
+        helped = [f"{arm} ({setting})" for setting, arm, kl, ppl, _ in verdicts if "better" in (kl, ppl)]
+        hurt = [f"{arm} ({setting})" for setting, arm, kl, ppl, _ in verdicts if "worse" in (kl, ppl)]
+        lines += [
+            "",
+            (
+                f"Better than plain GPTQ beyond the seed spread (KL or perplexity): {', '.join(helped)}. "
+                if helped
+                else "Neither answer-token weighting nor imatrix beat plain GPTQ beyond the seed spread, "
+                "in KL or perplexity, in any setting measured here. "
+            )
+            + (f"Worse than plain beyond the seed spread: {', '.join(hurt)}. " if hurt else "None was worse. ")
+            + smol_records(runs)
+            + (
+                " The built-in recipes ship with token_weights absent (off) and weight_observer unset "
+                "(the library's memoryless_minmax)."
+                if shipped_defaults()
+                else " Some built-in recipe turns token_weights or weight_observer on."
+            ),
+        ]
     return "\n".join(lines)
 
 
@@ -397,20 +510,23 @@ def smol_main(args) -> str:
 
     import mixed_precision as mp
 
-    inputs = smol_inputs(args.work, 64, args.smol_eval)
+    inputs = smol_inputs(args.work, SMOL_POOL, args.smol_eval)
 
     @functools.cache
     def reference():
         return mp.Reference(mp.load_checkpoint(inputs[0]), inputs[4])
 
     runs = []
-    for seed in (int(s) for s in args.seeds.split(",")):
-        for arm in SMOL_ARMS:
-            out = args.work / f"smol-{arm}-{args.smol_size}-{seed}-{args.smol_eval}.json"
-            if args.render_only and not out.is_file():
-                continue
-            runs.append(smol_run(args, arm, seed, inputs, reference))
-            print(json.dumps({k: v for k, v in runs[-1].items() if k != "sample_ids"}), flush=True)
+    for setting in args.smol_settings.split(","):
+        for seed in (int(s) for s in args.seeds.split(",")):
+            for arm in args.arms.split(",") if args.arms else SMOL_ARMS:
+                out = smol_path(args.work, setting, arm, args.smol_size, seed, args.smol_eval)
+                if args.render_only and not out.is_file():
+                    continue
+                runs.append(smol_run(args, setting, arm, seed, inputs, reference))
+                print(json.dumps({k: v for k, v in runs[-1].items() if k != "sample_ids"}), flush=True)
+    if not runs:
+        raise SystemExit(f"no finished SmolLM2 runs in {args.work}")
     return smol_render(runs)
 
 
@@ -428,6 +544,7 @@ def write_part(results: Path, text: str, *, smol: bool) -> None:
     from _shared import read_section, replace_section
 
     tiny, _, rest = (read_section(results, SECTION) or "").partition(SMOL_SECTION)
+    tiny = tiny.replace(SMOL_PENDING, "")  # said only while the SmolLM2 part has no figures
     parts = (
         [tiny.rstrip(), text] if smol else [text, (SMOL_SECTION + rest).rstrip() if rest else SMOL_PENDING]
     )
@@ -438,11 +555,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", type=Path, required=True, help="a tiny-omni-skills folder")
-    parser.add_argument("--pool", type=Path, required=True, help="quantkit demo-pool --skills's pool.jsonl")
+    parser.add_argument("--model", type=Path, help="a tiny-omni-skills folder (not with --smollm2)")
+    parser.add_argument("--pool", type=Path, help="quantkit demo-pool --skills's pool.jsonl (not with --smollm2)")
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--settings", default=",".join(SETTINGS))
-    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--arms", help=f"default: {','.join(ARMS)}; with --smollm2 {','.join(SMOL_ARMS)}")
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--items", type=int, default=24, help="held-out items per task")
     parser.add_argument("--note", default="")
@@ -451,7 +568,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--smollm2", action="store_true", help="the SmolLM2-135M part instead")
     parser.add_argument("--smol-size", type=int, default=16, help="SmolLM2 calibration windows")
     parser.add_argument("--smol-eval", type=int, default=8, help="SmolLM2 evaluation windows")
+    parser.add_argument("--smol-settings", default="w4a16", help=f"SmolLM2 settings: {','.join(SMOL_SETTINGS)}")
     args = parser.parse_args(argv)
+    if args.smollm2:
+        unknown = [s for s in args.smol_settings.split(",") if s not in SMOL_SETTINGS]
+        unknown += [a for a in (args.arms or "").split(",") if a and a not in SMOL_ARMS]
+        if unknown:
+            parser.error(f"unknown SmolLM2 setting or arm: {', '.join(unknown)}")
+    elif args.model is None or args.pool is None:
+        parser.error("--model and --pool are required (or --smollm2)")
     args.work.mkdir(parents=True, exist_ok=True)
     if args.smollm2:
         text = smol_main(args)
@@ -463,7 +588,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = []
     for seed in (int(s) for s in args.seeds.split(",")):
         for setting in args.settings.split(","):
-            for arm in args.arms.split(","):
+            for arm in (args.arms or ",".join(ARMS)).split(","):
                 out = args.work / f"tw-{setting}-{arm}-{seed}-{args.items}.json"
                 if args.render_only and not out.is_file():
                     continue
