@@ -26,8 +26,15 @@ Runs (each a separate checkpoint; a finished one is reused on the next invocatio
   plain-nvfp4-a16, plain-nvfp4, plain-w4a8-fp8, plain-fp8-block
                        with the same preset as its examples use it: QuantizationModifier with
                        NVFP4A16 (data-free), NVFP4 (calibrated), FP8_BLOCK (data-free);
-                       GPTQModifier with W4AFP8 (GPTQ, as the w4a8-fp8 recipe). A run the library
-                       or quantkit refuses on this model is stored with the error it raised.
+                       GPTQModifier with W4AFP8 (GPTQ, as the w4a8-fp8 recipe).
+
+Failed rows (FAILED_ROWS, said in RESULTS.md too): a run whose quantization, or its written
+checkpoint's forward pass, raises is stored as a `failed` row only when the model breaks a
+documented shape constraint of the run's scheme: a quantized Linear layer's in-features not a
+multiple of the scheme's weight group or block width or of its activation group (FP8_BLOCK's
+128x128 blocks and 128-wide activation groups, W4AFP8's groups of 128, on SmolLM2's 576). The row
+names that constraint and the error. Any other error propagates and stops the bench (exit 1): a
+fault in quantkit, the libraries or this script is never recorded as a measurement.
 With --all, also:
   rtn-g64-4.5-density, rtn-g64-4.5-score, rtn-g64-4.5-fisher
                        round-to-nearest with --avg-bits 4.5 layers at 8 bits, picked by KL per
@@ -624,19 +631,21 @@ def recipe_variants() -> dict:
     }
 
 
-def run_spec(name: str, variants: dict) -> dict:
-    """What one run does beyond the shared code: its recipe, budget and ranking."""
+def run_recipe(name: str, variants: dict):
+    """The recipe a quantkit-* run quantizes with: a shipped one, or a w4a16 variant."""
     from quantkit.recipes import get_recipe
 
+    if name in SHIPPED_RUNS:
+        return get_recipe(name.removeprefix("quantkit-"))
+    return variants[name.removesuffix("-kl").removesuffix("-4.5")]
+
+
+def run_spec(name: str, variants: dict) -> dict:
+    """What one run does beyond the shared code: its recipe, budget and ranking."""
     calib = {"calib_samples": CALIB_OVERRIDE[name]} if name in CALIB_OVERRIDE else {}
     if name.startswith("quantkit-"):
-        recipe = (
-            get_recipe(name.removeprefix("quantkit-"))
-            if name in SHIPPED_RUNS
-            else variants[name.removesuffix("-kl").removesuffix("-4.5")]
-        )
         return {
-            "recipe": recipe.model_dump(mode="json"),
+            "recipe": run_recipe(name, variants).model_dump(mode="json"),
             "avg_bits": AVG_BITS if "-4.5" in name else None,
             "sensitivity": "kl table" if name in KL_TABLE_RUNS else "inside quantize",
             **calib,
@@ -703,9 +712,11 @@ def markdown(results: dict, reference: dict, expected) -> str:
     for name, row in results.items():
         label = f"{name} ({row['calib_samples']} calibration windows)" if row.get("calib_samples") else name
         if "failed" in row:
+            made = made_by(row, expected.get(name))
+            if before_rule(row):
+                made += " (recorded before the failed-row rule: measured again on the next run)"
             lines.append(
-                f"| {label} | - | - | failed: `{row['failed']}` | - | - | - | {row['run_s']:.0f} s to fail | "
-                f"{made_by(row, expected.get(name))} |"
+                f"| {label} | - | - | failed: `{row['failed']}` | - | - | - | {row['run_s']:.0f} s to fail | {made} |"
             )
             continue
         if "ppl" not in row:
@@ -818,6 +829,12 @@ def measured(row: dict) -> bool:
     return "ppl" in row or "failed" in row
 
 
+def before_rule(row: dict) -> bool:
+    """A failed row recorded before FAILED_ROWS' rule (any error became a row): it names no
+    constraint, so it is shown as such and measured again on the next run."""
+    return "failed" in row and "constraint" not in row
+
+
 def current_rows(runs: dict, expected) -> dict:
     """The rows made by the code as it is (their key matches), failed ones included."""
     return {
@@ -894,8 +911,9 @@ def results_section(saved: dict, wall_note: str, expected) -> str:
             if fewer
             else ""
         )
-        + " A `failed` row is a run that raised: the error (type and first line of the innermost message), as "
-        "measured by this bench. Times are wall-clock seconds on a small machine other jobs share: they follow its "
+        + " "
+        + FAILED_ROWS
+        + " Times are wall-clock seconds on a small machine other jobs share: they follow its "
         "load (within one run the same decoder layer's pass can take several times as long as another's), so "
         "compare rows' times only roughly.",
         "",
@@ -927,16 +945,93 @@ def results_section(saved: dict, wall_note: str, expected) -> str:
     return "\n".join(lines)
 
 
-def forward_failure(model, ref: Reference) -> str | None:
+FAILED_ROWS = (
+    "A `failed` row is a run that raised (in quantization, or in its written checkpoint's forward pass) where the "
+    "model breaks a documented shape constraint of the run's scheme: some quantized Linear layer's in-features are "
+    "not a multiple of the scheme's weight group or block width or of its activation group. The row names the "
+    "constraint and the error (type and first line of the innermost message). Any other error stops the bench "
+    "instead of becoming a row."
+)
+# The llmcompressor presets of the plain-* runs whose scheme has fixed widths (plain_oneshot applies
+# them); the other plain runs use group sizes that divide SmolLM2's layers, or none.
+PLAIN_FIXED_PRESETS = {**PLAIN_2026_PRESETS, "plain-w4a8-fp8": "W4AFP8"}
+
+
+def run_scheme(name: str, variants: dict) -> dict | None:
+    """The compressed-tensors scheme (``weights`` / ``input_activations`` args, as dicts) a run
+    quantizes with, where the failure rule needs it: quantkit runs' resolved recipe (but for the
+    group-wise schemes, whose group size quantize chooses per model), the plain runs'
+    fixed-width presets; None for the rest."""
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    from quantkit.recipes.modifiers import resolved_scheme
+    from quantkit.recipes.schema import GROUP_SCHEMES
+
+    if name.startswith("quantkit-"):
+        recipe = run_recipe(name, variants)
+        return None if recipe.scheme in GROUP_SCHEMES else resolved_scheme(recipe)
+    if name in PLAIN_FIXED_PRESETS:
+        return preset_name_to_scheme(PLAIN_FIXED_PRESETS[name], ["Linear"]).model_dump(mode="json", exclude_none=True)
+    return None
+
+
+def linear_widths(folder: Path) -> dict[str, int]:
+    """In-features of the Linear layers the runs quantize (every Linear but lm_head), from the
+    model's config on the meta device (no weights read)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+    return {
+        name: module.in_features
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and name != "lm_head"
+    }
+
+
+def shape_constraint(scheme: dict | None, widths: dict[str, int]) -> str | None:
+    """The documented shape constraint of ``scheme`` that layers of ``widths`` (name ->
+    in-features) break, said in words; None when they keep it (or the scheme has no fixed widths).
+    Weight groups (group / tensor_group strategies) and blocks (their column width) and activation
+    groups must divide a layer's in-features."""
+    if not scheme:
+        return None
+    limits = []
+    for role in ("weights", "input_activations"):
+        args = scheme.get(role) or {}
+        block = args.get("block_structure")
+        if block:
+            limits.append((block[1], f"{role.replace('input_', '')} in {block[0]}x{block[1]} blocks"))
+        elif args.get("strategy") in ("group", "tensor_group") and args.get("group_size"):
+            limits.append((args["group_size"], f"{role.replace('input_', '')} in groups of {args['group_size']}"))
+    broken = []
+    for width, unit in limits:
+        bad = sorted({features for features in widths.values() if features % width})
+        if bad:
+            count = sum(features % width != 0 for features in widths.values())
+            broken.append(f"{unit}: {count} layer(s) with in-features {', '.join(map(str, bad))} it does not divide")
+    return "; ".join(broken) or None
+
+
+def documented_failure(exc: BaseException, constraint: str | None, where: str) -> str:
+    """The failed row's text for ``exc`` when ``constraint`` (the run's broken shape constraint)
+    explains a failure; otherwise ``exc`` propagates: the bench stops rather than record it."""
+    if constraint is None:
+        raise exc
+    return f"{where} ({constraint}): {failure(exc)}"
+
+
+def forward_failure(model, ref: Reference, constraint: str | None) -> str | None:
     """What a written checkpoint raises on one short evaluation window, if anything: a scheme
     can write a checkpoint its own forward cannot run (llmcompressor's FP8_BLOCK preset on 576
-    in-features: activation groups of 128), which is the run's failure, not the bench's; the
-    scoring itself runs outside this check, so a fault there still propagates."""
+    in-features: activation groups of 128), which is the run's failure when ``constraint`` (the
+    shape constraint of the run's scheme the model breaks) explains it; any other error
+    propagates (FAILED_ROWS). The scoring itself runs outside this check."""
     try:
         with torch.no_grad():
             model(input_ids=ref.evals[0][None, :16], use_cache=False)
     except Exception as exc:
-        return "the written checkpoint does not run: " + failure(exc)
+        return documented_failure(exc, constraint, "the written checkpoint does not run")
     return None
 
 
@@ -1009,8 +1104,6 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from quantkit.recipes import get_recipe
-
     folder = with_parts_template(smollm2_folder(work / "models"), work / "models")
     adapter = llama_adapter(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -1026,6 +1119,7 @@ def main() -> None:
         results_path.write_text(json.dumps(saved, indent=2) + "\n")
 
     variants = recipe_variants()
+    widths = linear_widths(folder)
     state = code_state()
     expected = Keys(saved["runs"], variants, settings, state)
     print(f"code: git {state['commit']}", flush=True)
@@ -1047,7 +1141,9 @@ def main() -> None:
         save()
     for name in runs:
         row = saved["runs"].get(name)
-        if row and measured(row) and (row.get("provenance") or {}).get("key") == expected[name]["key"]:
+        if row and measured(row) and before_rule(row):  # a failed row of the old catch-all: made again
+            print(f"{name}: failed before the documented-failure rule: measuring again", flush=True)
+        elif row and measured(row) and (row.get("provenance") or {}).get("key") == expected[name]["key"]:
             print(f"{name}: cached (made by {row['provenance']['commit']}, same code)", flush=True)
             continue
         if row and measured(row):
@@ -1064,16 +1160,14 @@ def main() -> None:
             row = rtn_run(folder, adapter, table, ref, selection)
         else:
             run_calib = windows(tokenizer, CALIB_OVERRIDE[name], args.eval_windows)[0] if name in CALIB_OVERRIDE else calib
+            constraint = shape_constraint(run_scheme(name, variants), widths)
             try:
                 if name.startswith("plain-") and name.endswith("-chat"):
                     info = plain_oneshot(folder, chat_windows(tokenizer, run_calib), output, name)
                 elif name.startswith("plain-"):
                     info = plain_oneshot(folder, run_calib, output, name)
                 else:
-                    if name in SHIPPED_RUNS:
-                        recipe = get_recipe(name.removeprefix("quantkit-"))
-                    else:
-                        recipe = variants[name.removesuffix("-kl").removesuffix("-4.5")]
+                    recipe = run_recipe(name, variants)
                     info = quantkit_run(
                         folder,
                         adapter,
@@ -1085,15 +1179,15 @@ def main() -> None:
                         # -4.5: ranked inside quantize (what users get); -kl and asym-g32-4.5: the KL table
                         sensitivity=table if name in KL_TABLE_RUNS else None,
                     )
-            except Exception as exc:  # the recipe cannot run on this model: the row records what it raised
-                row = {"failed": failure(exc)}
+            except Exception as exc:  # a row only where the scheme's shape constraint explains it, else raised
+                row = {"failed": documented_failure(exc, constraint, "quantization raised"), "constraint": constraint}
                 print(f"{name}: failed: {row['failed']}", flush=True)
             else:  # what fails in scoring is the bench's own fault: it propagates
                 with float32_fp4():
                     model = load_checkpoint(output)
-                    refused = forward_failure(model, ref)
+                    refused = forward_failure(model, ref, constraint)
                     if refused:  # the checkpoint the run wrote cannot run a forward pass
-                        row = {**info, "failed": refused}
+                        row = {**info, "failed": refused, "constraint": constraint}
                         print(f"{name}: failed: {row['failed']}", flush=True)
                     else:
                         row = {**info, **stored_bits(output), **score(model, ref)}

@@ -266,17 +266,11 @@ def test_stored_bits_count_every_packed_weight(zoo_model, tmp_path, recipe, pack
     assert stored["effective_bits"] > num_bits, (packing, stored)
 
 
-@pytest.mark.parametrize("hidden", [128, 192])
-def test_a_checkpoint_whose_forward_raises_is_the_runs_failure(tmp_path, hidden):
-    """llmcompressor's FP8_BLOCK preset quantizes activations in groups of 128 at run time: on
-    in-features 128 does not divide, the checkpoint it writes cannot run a forward pass, and the
-    bench records that as the run's failure; where 128 divides them, the checkpoint runs."""
+def tiny_llama(folder: Path, hidden: int):
+    """A one-layer random Llama with ``hidden`` in-features, saved (oneshot reads the folder)."""
     import torch
-    from llmcompressor import oneshot
-    from llmcompressor.modifiers.quantization import QuantizationModifier
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    mp = bench_module("mixed_precision")
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=256,
@@ -286,13 +280,51 @@ def test_a_checkpoint_whose_forward_raises_is_the_runs_failure(tmp_path, hidden)
         num_attention_heads=hidden // 64,
         num_key_value_heads=hidden // 64,
     )
-    LlamaForCausalLM(config).save_pretrained(tmp_path / "base")  # oneshot reads the model's folder
-    model = LlamaForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.float32)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("hidden", [128, 192])
+def test_a_checkpoint_whose_forward_raises_is_the_runs_failure(tmp_path, hidden):
+    """llmcompressor's FP8_BLOCK preset quantizes activations in groups of 128 at run time: on
+    in-features 128 does not divide, the checkpoint it writes cannot run a forward pass, and the
+    bench records that as the run's failure, naming the constraint; where 128 divides them, there
+    is no constraint to break and the checkpoint runs."""
+    import torch
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    mp = bench_module("mixed_precision")
+    model = tiny_llama(tmp_path / "base", hidden)
     ref = mp.Reference(model, [torch.randint(0, 256, (32,))])
+    scheme = mp.run_scheme("plain-fp8-block", {})
+    constraint = mp.shape_constraint(scheme, mp.linear_widths(tmp_path / "base"))
     oneshot(model=model, recipe=[QuantizationModifier(targets=["Linear"], scheme="FP8_BLOCK", ignore=["lm_head"])])
     model.save_pretrained(tmp_path / "fp8-block", save_compressed=True)
-    refused = mp.forward_failure(mp.load_checkpoint(tmp_path / "fp8-block"), ref)
+    refused = mp.forward_failure(mp.load_checkpoint(tmp_path / "fp8-block"), ref, constraint)
     if hidden % 128:
-        assert refused and refused.startswith("the written checkpoint does not run: "), refused
+        # q/k/v/o and gate/up take `hidden` in-features, down_proj 2 x hidden (384: 128 divides it)
+        assert constraint and f"in-features {hidden} it does not divide" in constraint, constraint
+        assert f"{sum(1 for w in mp.linear_widths(tmp_path / 'base').values() if w % 128)} layer(s)" in constraint
+        assert refused and refused.startswith(f"the written checkpoint does not run ({constraint}): "), refused
     else:
-        assert refused is None
+        assert constraint is None and refused is None
+
+
+def test_an_error_no_scheme_constraint_explains_stops_the_bench(tmp_path):
+    """A forward pass that raises where the run's scheme has no shape constraint the model
+    breaks (here: token ids beyond the vocabulary, as a fault in the code would) is not a failed
+    row: the error propagates, and so does one from quantization under the same rule."""
+    import torch
+
+    mp = bench_module("mixed_precision")
+    model = tiny_llama(tmp_path / "base", 128)
+    ref = mp.Reference(model, [torch.randint(0, 256, (32,))])
+    ref.evals = [torch.full((32,), 10_000)]
+    assert mp.shape_constraint(mp.run_scheme("plain-fp8-block", {}), mp.linear_widths(tmp_path / "base")) is None
+    with pytest.raises(IndexError):
+        mp.forward_failure(model, ref, None)
+    with pytest.raises(ValueError, match="a fault"):
+        mp.documented_failure(ValueError("a fault"), None, "quantization raised")
+    text = mp.documented_failure(ValueError("bad width"), "weights in groups of 128: ...", "quantization raised")
+    assert text == "quantization raised (weights in groups of 128: ...): ValueError: bad width"
