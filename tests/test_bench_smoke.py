@@ -217,6 +217,30 @@ def test_rows_name_their_commit_and_stale_rows_say_so():
     assert mp.current_rows(saved["runs"], expected) == {"rtn-g64": row}
 
 
+def test_goals_put_each_scheme_under_the_bar_of_its_class():
+    """nvfp4 quantizes weights and activations to FP4 (W4A4): no W4A16 bar judges it, and the
+    goals say no bar covers it; nvfp4-a16 (weight-only FP4) stands under both W4A16 bars. Each
+    bar's text comes from GOALS."""
+    mp = bench_module("mixed_precision")
+    reference = {"ppl": 40.0, "tokens": 10}
+    rows = {
+        name: {"ppl": 40.0 * (1 + change / 100), "kl": 0.1, "top1": 0.9, "avg_bits": bits}
+        for name, change, bits in [("quantkit-nvfp4", 50.0, 4.0), ("quantkit-nvfp4-a16", 20.0, 4.0), ("quantkit-fp8", 1.0, 8.0)]
+    }
+    lines = mp.verdicts(rows, reference)
+    by_run = {name: [line for line in lines if f": {name} (" in line] for name in rows}
+    w4a16 = [g for g in mp.GOALS if g["scheme"] == "W4A16"]
+    assert len(by_run["quantkit-nvfp4-a16"]) == len(w4a16) >= 2
+    assert all(line.startswith("- W4A16 ") for line in by_run["quantkit-nvfp4-a16"])
+    (nvfp4,) = by_run["quantkit-nvfp4"]
+    assert nvfp4.startswith("- W4A4: no bar") and "fp4 weights, fp4 activations" in nvfp4
+    (fp8,) = by_run["quantkit-fp8"]
+    (bar,) = [g for g in mp.GOALS if g["scheme"] == "W8A8"]
+    assert fp8.startswith(f"- W8A8 perplexity change <= +{bar['limit']:g}% (issue {bar['issue']})") and "(met)" in fp8
+    for goal in w4a16:
+        assert any(f"<= +{goal['limit']:g}%" in line for line in by_run["quantkit-nvfp4-a16"])
+
+
 def test_stored_bits_are_read_from_the_checkpoint(zoo_model, tmp_path):
     """The bench's "avg bits / with scales" come from the tensors a checkpoint stores: FP8 with a
     16-bit scale per output channel is 8 + 16 / in_features bits per weight."""
