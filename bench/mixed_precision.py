@@ -612,11 +612,12 @@ MEASURING = (
 LIBRARIES = ("torch", "transformers", "llmcompressor", "compressed-tensors", "datasets", "safetensors")
 
 
-def code_state() -> dict:
-    """What every row's key shares: this script's measuring code, the libraries, the commit."""
+def code_state(measuring: tuple = MEASURING) -> dict:
+    """What every row's key shares: the measuring code (this script's, or ``measuring``: another
+    bench's functions that use it), the libraries, the commit."""
     from _shared import git_commit, library_versions
 
-    bench = hashlib.sha256("\n".join(inspect.getsource(f) for f in MEASURING).encode()).hexdigest()
+    bench = hashlib.sha256("\n".join(inspect.getsource(f) for f in measuring).encode()).hexdigest()
     return {"bench": bench, "versions": library_versions(LIBRARIES), "commit": git_commit()}
 
 

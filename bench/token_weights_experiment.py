@@ -22,8 +22,14 @@ takes about 4-5 minutes on one thread of the shared 2-core machine.
     python bench/token_weights_experiment.py --smollm2 --work /tmp/tw-smol --smol-settings w4a16,w4a16-sym \
         --seeds 0,1,2 --smol-size 16 --smol-eval 16 --write-results bench/RESULTS.md
 
-Finished runs are kept in ``--work`` (one JSON per run, with the git commit that made it) and
-reused; the RESULTS.md section is rendered from them.
+The tiny-omni-skills part keeps its finished runs in ``--work`` (one JSON per run, with the git
+commit that made it) and reuses them. The SmolLM2 part keeps its rows in ``--results``
+(bench/token_weights.json, in the repository), each keyed by bench/mixed_precision.py's key
+function (quantkit's source the measuring process loaded, the recipe, the measuring code, the
+window settings, library versions) and stamped with its commit; a row is reused and shown with
+figures only while its key matches the code as it is; planned runs without such a row are
+rendered as not measured at this code (missing or stale). ``--render-only`` renders from the
+file's plan and rows and measures nothing.
 """
 
 from __future__ import annotations
@@ -332,46 +338,69 @@ def smol_samples(tokenizer, calib, size: int, seed: int):
     ]
 
 
-def smol_path(work: Path, setting: str, arm: str, size: int, seed: int, evals: int) -> Path:
-    return work / f"smol-{setting}-{arm}-{size}-{seed}-{evals}.json"
+# Where the SmolLM2 runs are kept, keyed by what made them (as bench/real_weights.json keeps the
+# real-weights rows): the plan last asked for and one row per run.
+SMOL_RESULTS = ROOT / "bench" / "token_weights.json"
 
 
-def smol_run(args, setting: str, arm: str, seed: int, inputs, reference) -> dict:
-    out = smol_path(args.work, setting, arm, args.smol_size, seed, args.smol_eval)
-    if out.is_file():
-        return json.loads(out.read_text())
-    import mixed_precision as mp
-    from _shared import git_commit
+def smol_name(setting: str, arm: str, size: int, seed: int, evals: int) -> str:
+    return f"smol-{setting}-{arm}-{size}-{seed}-{evals}"
 
-    from quantkit.quantize import quantize
+
+def smol_recipe(setting: str, arm: str):
     from quantkit.recipes.registry import resolve_recipe
     from quantkit.recipes.schema import Recipe
 
-    folder, adapter, tokenizer, calib, evals = inputs
     overrides = {**SMOL_SETTINGS[setting], **SMOL_ARMS[arm]}
-    recipe = Recipe.model_validate({**resolve_recipe(RECIPE).model_dump(exclude_unset=True), **overrides})
-    checkpoint = args.work / f"ckpt-smol-{setting}-{arm}-{seed}"
+    return Recipe.model_validate({**resolve_recipe(RECIPE).model_dump(exclude_unset=True), **overrides})
+
+
+def smol_provenance(plan: dict, setting: str, arm: str, seed: int, state: dict, files: list[str] | None) -> dict:
+    """A run's key, by bench/mixed_precision.py's own key function: its recipe (setting x arm),
+    seed and window split, the plan's window settings, the measuring code (``state``), the library
+    versions and the bytes of ``files`` (the quantkit modules the measuring process had loaded)."""
+    import mixed_precision as mp
+
+    spec = {
+        "recipe": smol_recipe(setting, arm).model_dump(mode="json"),
+        "seed": seed,
+        "answer_share": ANSWER_SHARE,
+        "calib_pool": SMOL_POOL,
+    }
+    settings = {"size": plan["size"], "eval_windows": plan["eval_windows"], "window": mp.WINDOW}
+    name = smol_name(setting, arm, plan["size"], seed, plan["eval_windows"])
+    return mp.provenance(name, spec, settings, state, files)
+
+
+def smol_measure(work: Path, plan: dict, setting: str, arm: str, seed: int, inputs, reference) -> dict:
+    """Quantize and score one run (minutes of CPU): the row, without its provenance."""
+    import mixed_precision as mp
+
+    from quantkit.quantize import quantize
+
+    folder, adapter, tokenizer, calib, evals = inputs
+    recipe = smol_recipe(setting, arm)
+    checkpoint = work / f"ckpt-smol-{setting}-{arm}-{seed}"
     started = time.monotonic()
-    samples = smol_samples(tokenizer, calib, args.smol_size, seed)
+    samples = smol_samples(tokenizer, calib, plan["size"], seed)
     quantize(folder, checkpoint, recipe, samples, adapter=adapter, force=True, progress=False)
     seconds = round(time.monotonic() - started, 1)
     scored = time.monotonic()
     scores = mp.score(mp.load_checkpoint(checkpoint), reference())
     meta = json.loads((checkpoint / "quantkit.json").read_text())
     weights = meta["resolved_scheme"]["weights"]
-    result = {
+    return {
         "setting": setting,
         "arm": arm,
         "seed": seed,
-        "size": args.smol_size,
+        "size": plan["size"],
         "window_tokens": len(calib[0]),
         "calib_pool": len(calib),
         "answer_share": ANSWER_SHARE,
         "eval_windows": len(evals),
-        "overrides": overrides,
+        "overrides": {**SMOL_SETTINGS[setting], **SMOL_ARMS[arm]},
         "scheme": {k: weights[k] for k in ("num_bits", "symmetric", "group_size")},
         "calibration_tokens": meta["calibration"]["tokens"],
-        "commit": git_commit(),
         "quantize_seconds": seconds,
         "score_seconds": round(time.monotonic() - scored, 1),
         "sample_ids": meta["calibration"]["sample_ids"],
@@ -380,8 +409,6 @@ def smol_run(args, setting: str, arm: str, seed: int, inputs, reference) -> dict
         "original_ppl": reference().result["ppl"],
         **scores,
     }
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    return result
 
 
 def spread_cell(values: list[float], digits: int = 4, suffix: str = "") -> str:
@@ -423,48 +450,79 @@ def smol_records(runs: list[dict]) -> str:
     return "; ".join(out) + "." if out else ""
 
 
-def smol_render(runs: list[dict]) -> str:
-    first = runs[0]
+def plan_of(runs: list[dict]) -> dict:
+    """The plan that ``runs`` (rows) cover, where no stored plan is given."""
+    return {
+        "settings": list(dict.fromkeys(r["setting"] for r in runs)),
+        "arms": list(dict.fromkeys(r["arm"] for r in runs)),
+        "seeds": sorted({r["seed"] for r in runs}),
+        "size": runs[0]["size"],
+        "eval_windows": runs[0]["eval_windows"],
+    }
+
+
+def smol_render(runs: list[dict], plan: dict | None = None, pending: list[dict] = ()) -> str:
+    """The SmolLM2 subsection from the current rows ``runs`` (made by the code as it is) over
+    ``plan``; ``pending``: the planned runs without a current row (missing, or stale: made by
+    other code), each shown as not measured at this code, never with figures."""
+    import mixed_precision as mp
+
+    plan = plan or plan_of(runs)
+    original = f"perplexity {runs[0]['original_ppl']:.3f}" if runs else "its perplexity not measured at this code"
     lines = [
         SMOL_SECTION,
         "",
-        f"Each seed draws {first['size']} calibration windows of {first['window_tokens']} tokens from "
-        f"{first['calib_pool']} evenly spread over the first 60% of the text, each rendered as a user "
-        f"turn followed by an assistant turn (the window's last {first['answer_share']:.0%}: the "
+        f"Each seed draws {plan['size']} calibration windows of {mp.WINDOW} tokens from "
+        f"{SMOL_POOL} evenly spread over the first 60% of the text, each rendered as a user "
+        f"turn followed by an assistant turn (the window's last {ANSWER_SHARE:.0%}: the "
         "answer tokens answer-up weighs 4x); every arm of a setting and seed calibrates on those "
-        f"same windows. Scored on {first['eval_windows']} evaluation windows from the rest against "
-        f"the float32 original (perplexity {first['original_ppl']:.3f}): perplexity change, mean "
+        f"same windows. Scored on {plan['eval_windows']} evaluation windows from the rest against "
+        f"the float32 original ({original}): perplexity change, mean "
         "next-token KL(original || quantized), top-1 agreement; mean ± spread (max - min) over "
         "seeds. A difference from plain counts only where the means differ by more than the larger "
         "of the two seed spreads. Time: quantize (calibration, GPTQ, writing) on one thread of "
         "the shared 2-core machine, mean over seeds. Command: `python bench/token_weights_experiment.py "
-        f"--smollm2 --work DIR --smol-settings {','.join(dict.fromkeys(r['setting'] for r in runs))} "
-        f"--seeds {','.join(map(str, sorted({r['seed'] for r in runs})))} --smol-size {first['size']} "
-        f"--smol-eval {first['eval_windows']} --write-results bench/RESULTS.md`.",
+        f"--smollm2 --work DIR --smol-settings {','.join(plan['settings'])} "
+        f"--seeds {','.join(map(str, plan['seeds']))} --smol-size {plan['size']} "
+        f"--smol-eval {plan['eval_windows']} --write-results bench/RESULTS.md`. Rows are kept in "
+        "`bench/token_weights.json`, each keyed as bench/mixed_precision.py keys its rows (quantkit's "
+        "source it loaded, the recipe, the measuring code, the settings, library versions) and stamped with "
+        "the commit that made it (\"made by\"); a run is shown with figures only while its key matches the code "
+        "as it is.",
     ]
     verdicts = []
-    for setting in [s for s in SMOL_SETTINGS if any(r["setting"] == s for r in runs)]:
+    for setting in [s for s in SMOL_SETTINGS if s in plan["settings"]]:
         mine = [r for r in runs if r["setting"] == setting]
-        arms = [a for a in SMOL_ARMS if any(r["arm"] == a for r in mine)]
+        waiting = [p for p in pending if p["setting"] == setting]
+        arms = [a for a in SMOL_ARMS if a in plan["arms"]]
         seeds = sorted({r["seed"] for r in mine})
-        scheme = mine[0]["scheme"]
         overrides = ", ".join(f"{k}: {v}" for k, v in SMOL_SETTINGS[setting].items()) or "as shipped"
+        if mine:
+            scheme = mine[0]["scheme"]
+            overrides += (
+                f": int{scheme['num_bits']}, group {scheme['group_size']}, "
+                f"{'symmetric' if scheme['symmetric'] else 'zero points'}"
+            )
         lines += [
             "",
-            f"#### {setting} ({RECIPE} {overrides}: int{scheme['num_bits']}, group {scheme['group_size']}, "
-            f"{'symmetric' if scheme['symmetric'] else 'zero points'}; seeds {', '.join(map(str, seeds))})",
+            f"#### {setting} ({RECIPE} {overrides}; seeds {', '.join(map(str, seeds)) or 'none measured at this code'})",
             "",
             "| arm | ppl change | KL (nats) | top-1 agreement | n | quantize time | made by |",
             "|---|---|---|---|---|---|---|",
         ]
         for arm in arms:
             group = [r for r in mine if r["arm"] == arm]
-            commits = ", ".join(sorted({r["commit"] for r in group}))
-            lines.append(
-                f"| {arm} | {spread_cell([ppl_change(r) for r in group], 2, '%')} | "
-                f"{spread_cell([r['kl'] for r in group])} | {spread_cell([r['top1'] for r in group])} | "
-                f"{len(group)} | {statistics.mean(r['quantize_seconds'] for r in group):.0f} s | {commits} |"
-            )
+            if group:
+                commits = ", ".join(sorted({r["provenance"]["commit"] if "provenance" in r else r["commit"] for r in group}))
+                lines.append(
+                    f"| {arm} | {spread_cell([ppl_change(r) for r in group], 2, '%')} | "
+                    f"{spread_cell([r['kl'] for r in group])} | {spread_cell([r['top1'] for r in group])} | "
+                    f"{len(group)} | {statistics.mean(r['quantize_seconds'] for r in group):.0f} s | {commits} |"
+                )
+            absent = [p for p in waiting if p["arm"] == arm]
+            if absent:
+                said = "; ".join(f"seed {p['seed']} {p['status']}" for p in absent)
+                lines.append(f"| {arm} | not measured at this code: {said} | - | - | 0 | - | - |")
         plain = [r for r in mine if r["arm"] == "plain"]
         lines.append("")
         if len(seeds) < 2 or not plain:
@@ -482,6 +540,13 @@ def smol_render(runs: list[dict]) -> str:
                 f"- {setting}, {arm} against plain: KL {diff:+.4f} ({kl}), perplexity change "
                 f"{points:+.2f} points ({ppl}), top-1 {top1}"
             )
+    if pending:
+        lines += [
+            "",
+            f"{len(pending)} of {len(pending) + len(runs)} planned runs are not measured at this code (missing, "
+            "or stale: made by other code), so they show no figures; the verdicts count the current runs only. "
+            "The command above measures them (minutes of CPU each).",
+        ]
     if verdicts:
         helped = [f"{arm} ({setting})" for setting, arm, kl, ppl, _ in verdicts if "better" in (kl, ppl)]
         hurt = [f"{arm} ({setting})" for setting, arm, kl, ppl, _ in verdicts if "worse" in (kl, ppl)]
@@ -506,28 +571,70 @@ def smol_render(runs: list[dict]) -> str:
 
 
 def smol_main(args) -> str:
+    """Measure the planned runs whose stored row is not current (none with --render-only) and
+    render from the current rows of ``args.results``."""
     import functools
 
     import mixed_precision as mp
+    from _shared import loaded_sources
 
-    inputs = smol_inputs(args.work, SMOL_POOL, args.smol_eval)
+    from quantkit.fsutil import write_file_atomic
+
+    saved = json.loads(args.results.read_text()) if args.results.is_file() else {}
+    saved.setdefault("runs", {})
+    if not args.render_only:
+        saved["plan"] = {
+            "settings": args.smol_settings.split(","),
+            "arms": args.arms.split(",") if args.arms else list(SMOL_ARMS),
+            "seeds": [int(s) for s in args.seeds.split(",")],
+            "size": args.smol_size,
+            "eval_windows": args.smol_eval,
+        }
+    plan = saved.get("plan")
+    if plan is None:
+        raise SystemExit(f"{args.results} holds no SmolLM2 plan: run --smollm2 without --render-only first")
+    state = smol_state()
+
+    @functools.cache
+    def inputs():
+        return smol_inputs(args.work, SMOL_POOL, plan["eval_windows"])
 
     @functools.cache
     def reference():
-        return mp.Reference(mp.load_checkpoint(inputs[0]), inputs[4])
+        return mp.Reference(mp.load_checkpoint(inputs()[0]), inputs()[4])
 
-    runs = []
-    for setting in args.smol_settings.split(","):
-        for seed in (int(s) for s in args.seeds.split(",")):
-            for arm in args.arms.split(",") if args.arms else SMOL_ARMS:
-                out = smol_path(args.work, setting, arm, args.smol_size, seed, args.smol_eval)
-                if args.render_only and not out.is_file():
+    runs, pending = [], []
+    for setting in plan["settings"]:
+        for seed in plan["seeds"]:
+            for arm in plan["arms"]:
+                name = smol_name(setting, arm, plan["size"], seed, plan["eval_windows"])
+                row = saved["runs"].get(name)
+                made = (row or {}).get("provenance") or {}
+                expected = smol_provenance(plan, setting, arm, seed, state, made.get("files"))
+                if row and made.get("key") == expected["key"]:
+                    runs.append(row)
                     continue
-                runs.append(smol_run(args, setting, arm, seed, inputs, reference))
-                print(json.dumps({k: v for k, v in runs[-1].items() if k != "sample_ids"}), flush=True)
-    if not runs:
-        raise SystemExit(f"no finished SmolLM2 runs in {args.work}")
-    return smol_render(runs)
+                if args.render_only:
+                    status = f"stale (made by {made.get('commit') or 'unknown'} with other code)" if row else "missing"
+                    pending.append({"setting": setting, "arm": arm, "seed": seed, "status": status})
+                    continue
+                row = smol_measure(args.work, plan, setting, arm, seed, inputs(), reference)
+                row["provenance"] = smol_provenance(plan, setting, arm, seed, state, loaded_sources())
+                row["commit"] = state["commit"]
+                saved["runs"][name] = row
+                write_file_atomic(args.results, json.dumps(saved, indent=1) + "\n")
+                runs.append(row)
+                print(json.dumps({k: v for k, v in row.items() if k not in ("sample_ids", "provenance")}), flush=True)
+    text = smol_render(runs, plan, pending)
+    return text + ("\n\n" + saved["history"] if saved.get("history") else "")
+
+
+def smol_state() -> dict:
+    """The code state a SmolLM2 run's key shares (bench/mixed_precision.py's code_state): its
+    measuring code, with this part's own, the library versions, the commit."""
+    import mixed_precision as mp
+
+    return mp.code_state((*mp.MEASURING, smol_inputs, smol_samples, smol_recipe, smol_measure))
 
 
 # Said in RESULTS.md until the SmolLM2 part has been run (issue 18 asks for it).
@@ -569,6 +676,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--smol-size", type=int, default=16, help="SmolLM2 calibration windows")
     parser.add_argument("--smol-eval", type=int, default=8, help="SmolLM2 evaluation windows")
     parser.add_argument("--smol-settings", default="w4a16", help=f"SmolLM2 settings: {','.join(SMOL_SETTINGS)}")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=SMOL_RESULTS,
+        help="the SmolLM2 runs, keyed by the code that made them (default bench/token_weights.json)",
+    )
     args = parser.parse_args(argv)
     if args.smollm2:
         unknown = [s for s in args.smol_settings.split(",") if s not in SMOL_SETTINGS]

@@ -107,3 +107,72 @@ def test_bad_arguments_exit_2(tmp_path, args):
     )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def keyed_results(path: Path, kl_by_seed: dict[int, float], stale_seeds=(), seeds=(0, 1, 2)) -> dict:
+    """A results file as smol_main writes it: the plan, rows keyed by the code as it is now (or,
+    for ``stale_seeds``, by other measuring code and another commit)."""
+    import json
+
+    state = tw.smol_state()
+    other = {**state, "bench": "c" * 64, "commit": "89abcde"}
+    plan = {"settings": ["w4a16"], "arms": ["plain"], "seeds": list(seeds), "size": 16, "eval_windows": 16}
+    runs = {}
+    for row in smol_runs({"plain": list(kl_by_seed.values())}):
+        row["seed"] = list(kl_by_seed)[row["seed"]]
+        made = other if row["seed"] in stale_seeds else state
+        row["provenance"] = tw.smol_provenance(plan, "w4a16", "plain", row["seed"], made, ["quantkit/quantize/run.py"])
+        runs[tw.smol_name("w4a16", "plain", 16, row["seed"], 16)] = row
+    saved = {"plan": plan, "runs": runs}
+    path.write_text(json.dumps(saved), encoding="utf-8")
+    return saved
+
+
+def test_smol_rows_are_keyed_by_the_code_and_only_current_ones_show_figures(tmp_path, capsys):
+    """The SmolLM2 rows carry bench/mixed_precision.py's key (recipe, seed, settings, measuring
+    code, library versions, quantkit's source): a row made by other code, or a planned run with
+    no row, is rendered as not measured at this code, without its figures; a current row shows
+    them with the commit that made it. --render-only measures nothing (no SmolLM2 here)."""
+    import mixed_precision as mp
+
+    results = tmp_path / "token_weights.json"
+    saved = keyed_results(results, {0: 0.2111, 1: 0.9876}, stale_seeds=(1,))
+    current = saved["runs"][tw.smol_name("w4a16", "plain", 16, 0, 16)]["provenance"]
+    assert current["commit"] == mp.code_state()["commit"]
+    tw.main(["--smollm2", "--work", str(tmp_path / "work"), "--render-only", "--results", str(results)])
+    text = capsys.readouterr().out
+    row = next(line for line in text.splitlines() if line.startswith("| plain | 21.11%"))
+    assert current["commit"] in row and "| 1 |" in row  # seed 0 alone: seed 1's figures left out
+    assert "0.9876" not in text and "98.76" not in text
+    assert "seed 1 stale (made by 89abcde with other code); seed 2 missing" in text
+    assert "2 of 3 planned runs are not measured at this code" in text
+
+
+def test_smol_key_follows_recipe_seed_and_measuring_code():
+    plan = {"size": 16, "eval_windows": 16}
+    state = tw.smol_state()
+    files = ["quantkit/quantize/run.py"]
+    key = tw.smol_provenance(plan, "w4a16", "plain", 0, state, files)["key"]
+    assert key == tw.smol_provenance(plan, "w4a16", "plain", 0, state, files)["key"]
+    assert key != tw.smol_provenance(plan, "w4a16", "imatrix", 0, state, files)["key"]
+    assert key != tw.smol_provenance(plan, "w4a16-sym", "plain", 0, state, files)["key"]
+    assert key != tw.smol_provenance(plan, "w4a16", "plain", 1, state, files)["key"]
+    assert key != tw.smol_provenance({**plan, "eval_windows": 8}, "w4a16", "plain", 0, state, files)["key"]
+    assert key != tw.smol_provenance(plan, "w4a16", "plain", 0, {**state, "bench": "d" * 64}, files)["key"]
+    import mixed_precision as mp  # this part's measuring code is in its key beside the shared one
+
+    assert state["bench"] != mp.code_state()["bench"] and state["versions"] == mp.code_state()["versions"]
+
+
+def test_smol_current_rows_are_reused_not_measured(tmp_path, capsys):
+    """Measuring mode reuses every row whose key matches (here all of them: nothing is measured,
+    so no SmolLM2 or Jargon File is needed) and records the plan asked for."""
+    import json
+
+    results = tmp_path / "token_weights.json"
+    keyed_results(results, {0: 0.20, 1: 0.21}, seeds=(0, 1))
+    before = json.loads(results.read_text())["runs"]
+    args = ["--smollm2", "--work", str(tmp_path / "work"), "--smol-settings", "w4a16", "--arms", "plain"]
+    tw.main([*args, "--seeds", "0,1", "--smol-size", "16", "--smol-eval", "16", "--results", str(results)])
+    assert "| plain | 20.50% ± 1.00% |" in capsys.readouterr().out
+    assert json.loads(results.read_text())["runs"] == before
