@@ -365,8 +365,8 @@ def measured_line(part: dict) -> str:
     versions = ", ".join(f"{name} {version}" for name, version in part["versions"].items() if version)
     return (
         f"Measured {part['measured']} at commit {part['commit']} ({versions}); {part['cores']} cores, load "
-        f"average (1, 5, 15 min) before {' '.join(map(str, part['load_before']))}, after "
-        f"{' '.join(map(str, part['load_after']))}."
+        f"average (1, 5, 15 min) before {' '.join(f'{v:.2f}' for v in part['load_before'])}, after "
+        f"{' '.join(f'{v:.2f}' for v in part['load_after'])}."
     )
 
 
@@ -427,9 +427,9 @@ def layers_verdicts(rows: list[dict]) -> list[str]:
     fewest, most = min(means), max(means)
     growth = means[most] - means[fewest]
     flat = (
-        "so it is flat in the layer count"
+        "flat in the layer count (the change is within the run-to-run spread)"
         if abs(growth) <= spread
-        else "that is beyond the run-to-run spread"
+        else "the change is beyond the run-to-run spread"
     )
     levels = [
         r["decoder_mb"] / row["plan_decoder_mb"]

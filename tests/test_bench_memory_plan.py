@@ -95,7 +95,7 @@ def test_the_section_is_rendered_from_the_stored_figures():
     other = mp.section(changed)
     assert other != text
     assert "| 2 | 1234 / 1239 MB |" in other and "| 97 GiB (16.6 + 78.6) |" in other
-    assert "before 0.5 0.6 0.7" in other and "before 1.11 1.22 1.33" not in other.split("**The four")[0]
+    assert "before 0.50 0.60 0.70" in other and "before 1.11 1.22 1.33" not in other.split("**The four")[0]
 
 
 def test_every_row_names_the_commit_that_measured_it():
@@ -123,7 +123,7 @@ def test_the_verdicts_follow_the_figures():
     data["layers"]["rows"][1] = layer_row(8, [1700, 1710], "aaa1111")
     text = mp.section(data)
     assert "**Not** within 25% of the plan at 8 decoder layers" in text
-    assert "beyond the run-to-run spread" in text
+    assert "the change is beyond the run-to-run spread" in text
 
 
 def test_render_rewrites_only_its_section_from_the_file(tmp_path):
