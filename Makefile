@@ -53,12 +53,8 @@ $(VLLM_STAMP): requirements-vllm.lock
 # The build's accuracy gate is the targets' own 1.5 points of expected answer-token accuracy per
 # task, judged on one held-out row per task (of up to 4 drawn, those the original answers at 0.2 or
 # more, picked by strata; a task with none is judged on its best row and noted). Every target keeps
-# its own recipe, the first candidate; worst task, points: fp8 (h20, hopper) asr 0.199,
-# fp8-dynamic (l40s) video_caption 0.172, w4a16 (rtx4090) short_caption 0.01, w8a8-sq-gptq
-# (ampere, cpu) short_caption 0.118. Noted below the floor (demo-pool rows the model was not
-# trained on): product_segmentation 0.04, selling_points 0.013, text_chat 0.05, video_caption 0.004.
-# From a fresh clone, both installs included: 740 s on 2 idle cores (860b2bb); the eval step
-# (64 items x 10 tasks x 5 models) is its largest share.
+# its own recipe where it meets the budget (the build's table says which and by how much).
+# The eval step (64 items x 10 tasks x 5 models) is its largest share of the time.
 demo: envs
 	rm -rf $(DEMO)
 	$(BIN)/quantkit zoo build tiny-omni-skills --output $(DEMO)/models/tiny-omni-skills

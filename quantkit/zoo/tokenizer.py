@@ -108,6 +108,11 @@ class TokenizerSpec:
     vocab_size: int
     special_tokens: list[str] = field(default_factory=list)
     named_tokens: dict[str, str] = field(default_factory=dict)
+    # Split numbers into single digits before BPE, as the real Qwen2/Qwen3 tokenizers do (their
+    # pre-tokenizer matches \p{N} one digit at a time). The random-weight zoo keeps the plain byte-level
+    # BPE its recorded token counts were made with; a model that must learn to read and add numbers
+    # needs digits as units: with merged "63" / "105" tokens it cannot compose them.
+    individual_digits: bool = False
 
 
 def spec_for(family: str, vocab_size: int) -> TokenizerSpec:
@@ -134,7 +139,13 @@ def build_tokenizer(spec: TokenizerSpec) -> PreTrainedTokenizerFast:
     Training with one thread keeps the merges, and so the saved file, identical between runs.
     """
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if spec.individual_digits:
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), byte_level]
+        )
+    else:
+        tokenizer.pre_tokenizer = byte_level
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=spec.vocab_size,
