@@ -245,7 +245,7 @@ def build_skills_model(
     if steps is None:
         raise InputError(
             "no committed tiny-omni-skills weights to restore",
-            hint="pass --steps N to train (hours on 2 CPU cores; see docs/eval.md)",
+            hint="pass --steps N to train (the committed 5,000-step run took 44 min on 2 CPU cores; see docs/eval.md)",
         )
     model, processor = base_model(seed)
     finished = record is not None and record.get("completed_steps", record["steps"]) == record["steps"]
