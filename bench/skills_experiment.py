@@ -132,6 +132,23 @@ def expected_original(row: dict, identity: dict, state: dict) -> dict:
     return row_key("original", spec, {"items": row["items"]}, state, files)
 
 
+def original_row(model: Path, identity: dict, state: dict, items: int) -> dict:
+    """Measure the original's scores: its stored row, keyed as :func:`expected_original` checks
+    it (``state``: the code state of the bench that stores it)."""
+    from _shared import loaded_sources
+
+    clock = time.monotonic()
+    scores = original_scores(model, items=items)
+    spec = {"model": {k: identity[k] for k in ("hash", "record")}}
+    return {
+        "items": items,
+        "model": identity,
+        "seconds": round(time.monotonic() - clock, 1),
+        "scores": scores,
+        "provenance": row_key("original", spec, {"items": items}, state, loaded_sources()),
+    }
+
+
 def current(row: dict | None, expected: dict | None) -> bool:
     """Whether a stored row still stands for the code, model and settings it is checked against."""
     return bool(row and expected and (row.get("provenance") or {}).get("key") == expected["key"])
@@ -435,20 +452,9 @@ def main(argv: list[str] | None = None) -> None:
         if current(row, expected_original(row, identity, state) if row else None):
             print(f"original: cached (made by {row['provenance']['commit']})", flush=True)
         else:
-            clock = time.monotonic()
-            scores = original_scores(args.model, items=args.items)
-            from _shared import loaded_sources
-
-            spec = {"model": {k: identity[k] for k in ("hash", "record")}}
-            data["original"][name] = {
-                "items": args.items,
-                "model": identity,
-                "seconds": round(time.monotonic() - clock, 1),
-                "scores": scores,
-                "provenance": row_key("original", spec, {"items": args.items}, state, loaded_sources()),
-            }
+            data["original"][name] = original_row(args.model, identity, state, args.items)
             save(args.results, data)
-            print(f"original: scored in {time.monotonic() - clock:.0f} s", flush=True)
+            print(f"original: scored in {data['original'][name]['seconds']:.0f} s", flush=True)
         pool, built, took = None, set(), []
         for index, (recipe, arm, size, seed) in enumerate(plan, 1):
             name = run_name(recipe, arm, size, seed)

@@ -7,11 +7,26 @@ imatrix_mse``: each group's scale chosen by an MSE search weighted by the input 
 Settings (``SETTINGS``) are the recipe's overrides and the number of calibration samples: w4a16 as
 shipped, and a harsher one vLLM still serves (symmetric int4, no zero points, 10 samples: the
 fewest that cover the pool's 10 strata). Every arm of a setting and seed calibrates on the same
-drawn samples (the stratified set of bench/skills_experiment.py, with its task labels), then is
-scored with ``quantkit.eval.skills.score_model`` on the same held-out items as the original (paired).
+drawn samples (the stratified set of bench/skills_experiment.py's pool, with its task labels), then
+is scored with ``quantkit.eval.skills.score_model`` on the same held-out items as the original
+(paired). A task is judged only where the original scores at least ``JUDGED_AT`` (measured, not
+typed in: see ``judged_tasks``).
 
-    python bench/token_weights_experiment.py --model DIR --pool POOL.jsonl --work /tmp/tw-exp \
-        --settings w4a16,w4a16-sym-10 --seeds 0,1 --write-results bench/RESULTS.md
+    python bench/token_weights_experiment.py --model DIR --work /tmp/tw-exp \
+        --settings w4a16,w4a16-sym-10 --seeds 0,1,2 --items 24 --write-results bench/RESULTS.md
+
+The tiny-omni-skills part keeps its rows in ``--results`` (default bench/token_weights_skills.json,
+in the repository; a file of its own, not a section of bench/token_weights.json, so that the two
+parts can run at once without one process's write dropping the other's rows): the plan last asked
+for, the original's scores and one row per run (its scores, the digests of its quantized tensors,
+what its quantkit.json recorded). Rows are keyed as bench/skills_experiment.py keys its rows
+(its ``model_identity``: a hash of the model folder's weights and tokenizer files with the zoo
+record's key; ``row_key``: bench/mixed_precision.py's provenance over the quantkit modules the
+run imported, the measuring code of both scripts, the library versions, the setting x arm recipe,
+the sample count and the settings: held-out items, pool size and seed) and stamped with the commit
+that made them. A stored row is reused only while its key matches; a row of another model, other
+code or other settings is measured again. ``--work`` is scratch only (the pool, written anew by
+the first measurement of each invocation, calibration sets and checkpoints).
 
 ``--smollm2`` runs the SmolLM2-135M part instead (plain vs answer-weighted GPTQ vs imatrix,
 perplexity and KL on held-out Jargon File windows, its own subsection): ``--smol-settings``
@@ -22,19 +37,20 @@ takes about 4-5 minutes on one thread of the shared 2-core machine.
     python bench/token_weights_experiment.py --smollm2 --work /tmp/tw-smol --smol-settings w4a16,w4a16-sym \
         --seeds 0,1,2 --smol-size 16 --smol-eval 16 --write-results bench/RESULTS.md
 
-The tiny-omni-skills part keeps its finished runs in ``--work`` (one JSON per run, with the git
-commit that made it) and reuses them. The SmolLM2 part keeps its rows in ``--results``
-(bench/token_weights.json, in the repository), each keyed by bench/mixed_precision.py's key
-function (quantkit's source the measuring process loaded, the recipe, the measuring code, the
-window settings, library versions) and stamped with its commit; a row is reused and shown with
-figures only while its key matches the code as it is; planned runs without such a row are
-rendered as not measured at this code (missing or stale). ``--render-only`` renders from the
-file's plan and rows and measures nothing.
+The SmolLM2 part keeps its rows in ``--results`` (default bench/token_weights.json), each keyed
+by bench/mixed_precision.py's key function (quantkit's source the measuring process loaded, the
+recipe, the measuring code, the window settings, library versions) and stamped with its commit.
+
+In both parts a row is shown with figures only while its key matches the code (and model) as they
+are; planned runs without such a row are rendered as not measured at this code (missing or
+stale), and the verdicts count the current rows only. ``--render-only`` renders from the file's
+plan and rows and measures nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import statistics
 import sys
@@ -46,8 +62,11 @@ for path in (ROOT, ROOT / "bench"):
     if str(path) not in sys.path:
         sys.path.append(str(path))
 
+import skills_experiment as se  # noqa: E402  (bench/, on the path above)
+
 SECTION = "## Token-weighted calibration (issue 18)"
 RECIPE = "w4a16"
+SKILLS_RESULTS = ROOT / "bench" / "token_weights_skills.json"
 # arm -> recipe overrides
 ARMS: dict[str, dict] = {
     "plain": {},
@@ -61,9 +80,13 @@ SETTINGS: dict[str, tuple[dict, int]] = {
     "w4a16": ({}, 32),
     "w4a16-sym-10": ({"symmetric": True}, 10),
 }
-# Tasks the original answers (docs/eval.md status table); the others score near 0 before
-# quantization, so no arm can show a difference on them.
-ANSWERABLE = ("caption", "temporal_grounding", "video_caption", "speaker_count", "audio_image_qa")
+# A task is judged where the original scores at least this on the held-out items: below it the
+# original answers fewer than one item in ten, so a quantized checkpoint has next to nothing to
+# lose there and no arm can show a difference.
+JUDGED_AT = 0.1
+# The issue's precision tasks (OCR, Markdown, grounding, temporal grounding), by taxonomy family.
+PRECISION_FAMILIES = ("ocr", "ocr_markdown", "visual_grounding", "temporal_grounding")
+QUANTIZED = ("weight_packed", "weight_scale")  # the tensors compared with plain's checkpoint
 
 
 def variant(setting: str, arm: str):
@@ -74,100 +97,160 @@ def variant(setting: str, arm: str):
     return Recipe.model_validate({**base, **SETTINGS[setting][0], **ARMS[arm]})
 
 
-def drawn_samples(model: Path, pool: Path, work: Path, size: int, seed: int):
-    """The seed's stratified calibration set: every arm of a setting gets these same samples."""
+# ---------------------------------------------------------------------- keys
+
+
+def run_name(setting: str, arm: str, seed: int) -> str:
+    return f"{setting}/{arm}/{seed}"
+
+
+def run_spec(setting: str, arm: str, identity: dict) -> dict:
+    """What one run does beyond the shared code: its recipe (setting x arm), sample count, model."""
+    return {
+        "recipe": variant(setting, arm).model_dump(mode="json"),
+        "setting": setting,
+        "arm": arm,
+        "size": SETTINGS[setting][1],
+        "model": {k: identity[k] for k in ("hash", "record")},
+    }
+
+
+def run_settings(plan: dict) -> dict:
+    """The settings every run of ``plan`` shares (in each row's key)."""
+    return {"items": plan["items"], "pool_per_task": plan["pool_per_task"], "pool_seed": se.POOL_SEED}
+
+
+def expected_run(row: dict, identity: dict, state: dict, settings: dict | None = None) -> dict:
+    """The provenance the code and model as they are give ``row``'s run (over the files the stored
+    row was made with), with ``settings`` (default: the row's own)."""
+    name = run_name(row["setting"], row["arm"], row["seed"])
+    files = (row.get("provenance") or {}).get("files")
+    spec = run_spec(row["setting"], row["arm"], identity)
+    return se.row_key(name, spec, row["settings"] if settings is None else settings, state, files)
+
+
+# ---------------------------------------------------------------------- measuring
+
+
+def drawn_samples(model: Path, pool: Path, work: Path, size: int, seed: int, built: set):
+    """The seed's stratified calibration set with its task labels (what the ``tier`` arm weighs
+    by): every arm of a setting gets these same samples. Built once per invocation (``built``)."""
     from quantkit.calibset import CalibrateOptions, build_calibration_set
     from quantkit.quantize.calibration_set import samples_from_set
 
     calib = work / f"calib-{size}-{seed}"
-    if not (calib / "samples.jsonl").is_file():
+    if (size, seed) not in built:
         options = CalibrateOptions(size=size, seed=seed, model=model, allow_missing_tasks=True, force=True)
         build_calibration_set([pool], calib, options)
+        built.add((size, seed))
     return samples_from_set(calib, model_kinds={"image", "video", "audio"}, num_samples=size, seed=seed)
 
 
-def run_one(model: Path, pool: Path, work: Path, setting: str, arm: str, seed: int, items: int) -> dict:
-    out = work / f"tw-{setting}-{arm}-{seed}-{items}.json"
-    if out.is_file():
-        return json.loads(out.read_text())
-    from _shared import git_commit
+def tensor_digests(checkpoint: Path) -> dict[str, str]:
+    """A digest of each quantized tensor's bytes (``QUANTIZED``): what a row keeps of its
+    checkpoint, so that an arm is compared with plain's without plain's checkpoint at hand."""
+    import torch
+    from safetensors.torch import load_file
 
+    tensors = load_file(checkpoint / "model.safetensors")
+    return {
+        name: hashlib.sha256(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+        for name, t in sorted(tensors.items())
+        if name.endswith(QUANTIZED)
+    }
+
+
+def measure_run(model: Path, pool: Path, work: Path, setting: str, arm: str, seed: int, items: int, built: set) -> dict:
+    """Quantize one arm's checkpoint and score it on the held-out items: the row, without its
+    key and settings."""
     from quantkit.eval.skills import score_model
     from quantkit.quantize import quantize
     from quantkit.zoo.skills_tasks import TASKS
 
     size = SETTINGS[setting][1]
-    drawn = drawn_samples(model, pool, work, size, seed)
-    recipe = variant(setting, arm)
+    drawn = drawn_samples(model, pool, work, size, seed, built)
     checkpoint = work / f"ckpt-{setting}-{arm}-{seed}"
     started = time.monotonic()
     quantize(
-        model, checkpoint, recipe, list(drawn.samples), sample_labels=drawn.labels, force=True, progress=False
+        model,
+        checkpoint,
+        variant(setting, arm),
+        list(drawn.samples),
+        sample_labels=drawn.labels,
+        force=True,
+        progress=False,
     )
-    seconds = round(time.monotonic() - started, 1)
+    quantized = time.monotonic()
     scores = score_model(checkpoint, [t.name for t in TASKS], items=items)
     meta = json.loads((checkpoint / "quantkit.json").read_text())
     card = (checkpoint / "README.md").read_text() if (checkpoint / "README.md").is_file() else ""
-    result = {
+    return {
         "setting": setting,
         "arm": arm,
         "seed": seed,
         "size": size,
         "items": items,
-        "commit": git_commit(),
-        "quantize_seconds": seconds,
+        "quantize_seconds": round(quantized - started, 1),
+        "score_seconds": round(time.monotonic() - quantized, 1),
         "sample_ids": meta["calibration"]["sample_ids"],  # the same for every arm of a setting and seed
         "recorded_token_weights": meta.get("calibration", {}).get("token_weights"),
         "card_token_weights": "GPTQ token weights" in card,
         "recorded_weight_observer": (meta.get("recipe") or {}).get("weight_observer"),
+        "tensors": tensor_digests(checkpoint),
         "scores": {t.task: t.score for t in scores.tasks},
     }
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    return result
 
 
-def original_scores(model: Path, work: Path, items: int) -> dict:
-    """The original's scores on the same held-out items (bench/skills_experiment.py measures
-    them), stamped with the commit."""
-    out = work / f"original-{items}.json"
-    if not out.is_file():
-        from _shared import git_commit
-        from skills_experiment import original_scores as measure
+def skills_state() -> dict:
+    """The code state every tiny-omni-skills row's key shares (bench/mixed_precision.py's
+    code_state): bench/skills_experiment.py's measuring code with this part's, the library
+    versions, the commit."""
+    import mixed_precision as mp
 
-        (work / "original").mkdir(exist_ok=True)
-        scores = measure(model, work / "original", items)
-        out.write_text(json.dumps({"commit": git_commit(), "scores": scores}, indent=1) + "\n")
-    return json.loads(out.read_text())
+    return mp.code_state((*se.MEASURING, variant, drawn_samples, tensor_digests, measure_run))
 
 
-def against_plain(work: Path, run: dict) -> dict:
-    """How many quantized tensors of the run's checkpoint differ from plain's (same setting and
-    seed): whether the arm reached the solve at all."""
-    from safetensors.torch import load_file
-
-    def tensors(arm: str) -> dict:
-        return load_file(work / f"ckpt-{run['setting']}-{arm}-{run['seed']}" / "model.safetensors")
-
-    plain, mine = tensors("plain"), tensors(run["arm"])
-    out = {}
-    for kind in ("weight_packed", "weight_scale"):
-        names = [n for n in plain if n.endswith(kind)]
-        out[kind] = [sum(not plain[n].equal(mine[n]) for n in names), len(names)]
-    return out
+# ---------------------------------------------------------------------- judging and rendering
 
 
 def cell(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), max(values) - min(values)
 
 
-def differences(setting: str, runs: list[dict]) -> dict[str, tuple[list[str], list[str]]]:
-    """Each arm against plain on the answerable tasks: (better, worse) task lists, a difference
-    counting when the means differ by more than the larger of the two seed spreads."""
+def judged_tasks(original: dict | None) -> list[str]:
+    """The tasks the original answers well enough to lose something: score >= ``JUDGED_AT``."""
+    from quantkit.zoo.skills_tasks import TASKS
+
+    if original is None:
+        return []
+    return [t.name for t in TASKS if original["scores"][t.name] >= JUDGED_AT]
+
+
+def against_plain(runs: list[dict], run: dict) -> dict[str, list[int]] | None:
+    """How many quantized tensors of ``run`` differ from plain's of the same setting and seed, per
+    kind (``QUANTIZED``) with the count: whether the arm reached the solve at all. None without a
+    plain row."""
+    plain = next(
+        (r for r in runs if r["arm"] == "plain" and (r["setting"], r["seed"]) == (run["setting"], run["seed"])),
+        None,
+    )
+    if plain is None or "tensors" not in plain or "tensors" not in run:
+        return None
+    out = {}
+    for kind in QUANTIZED:
+        names = [n for n in plain["tensors"] if n.endswith(kind)]
+        out[kind] = [sum(plain["tensors"][n] != run["tensors"].get(n) for n in names), len(names)]
+    return out
+
+
+def differences(setting: str, runs: list[dict], tasks: list[str]) -> dict[str, tuple[list[str], list[str]]]:
+    """Each arm against plain on ``tasks``: (better, worse) task lists, a difference counting when
+    the means differ by more than the larger of the two seed spreads."""
     mine = [r for r in runs if r["setting"] == setting]
     out = {}
     for arm in [a for a in ARMS if a != "plain" and any(r["arm"] == a for r in mine)]:
         better, worse = [], []
-        for task in ANSWERABLE:
+        for task in tasks:
             plain = cell([r["scores"][task] for r in mine if r["arm"] == "plain"])
             other = cell([r["scores"][task] for r in mine if r["arm"] == arm])
             diff = other[0] - plain[0]
@@ -185,59 +268,134 @@ def shipped_defaults() -> bool:
     return all(r.token_weights is None and r.weight_observer is None for r in recipes)
 
 
-def render(original: dict, runs: list[dict], note: str) -> str:
+def words(names: list[str]) -> str:
+    return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
+
+
+def intro(plan: dict, identity: dict, original: dict | None, runs: list[dict]) -> str:
+    """The paragraph before the tables, from the plan, the model's identity and the rows."""
+    arms = "; ".join(
+        f"**{arm}** ("
+        + (", ".join(f"`{k}: {json.dumps(v)}`" for k, v in ARMS[arm].items()) or "the recipe as it is")
+        + ")"
+        for arm in plan["arms"]
+    )
+    settings = "; ".join(
+        f"{s}: {RECIPE} " + (", ".join(f"{k}: {v}" for k, v in SETTINGS[s][0].items()) or "as shipped")
+        + f" on {SETTINGS[s][1]} samples"
+        for s in plan["settings"]
+    )
+    by_draw: dict[tuple, set] = {}
+    for r in runs:
+        by_draw.setdefault((r["setting"], r["seed"]), set()).add(json.dumps(r["sample_ids"]))
+    same = (
+        "quantkit.json's `sample_ids` are identical across the arms of every setting and seed shown"
+        if by_draw and all(len(ids) == 1 for ids in by_draw.values())
+        else "quantkit.json's `sample_ids` differ between arms of some setting and seed"
+        if by_draw
+        else "no run is measured at this code yet"
+    )
+    record = f"; zoo record key {identity['record'][:12]}" if identity.get("record") else ""
+    made = (
+        f"measured by {original['provenance']['commit']}" if original else "not measured at this code"
+    )
+    return (
+        f"Rendered by bench/token_weights_experiment.py from bench/token_weights_skills.json. Model: "
+        f"tiny-omni-skills {identity['hash']} (a hash of its weights and tokenizer files{record}); its "
+        f"original scores {made}. Calibration pool: bench/skills_experiment.py's skills pool, "
+        f"{plan['pool_per_task']} records a task (`quantkit demo-pool --skills --per-task "
+        f"{plan['pool_per_task']}`). Arms, every one on the same stratified calibration samples per "
+        f"seed (`quantkit calibrate --size N --seed S`; {same}): {arms}. Settings: {settings}. Every "
+        f"checkpoint and the original are scored on the same {plan['items']} held-out items a task; "
+        "mean ± spread (max - min) over seeds. A task is judged only where the original scores at "
+        f"least {JUDGED_AT:g} (below that it answers fewer than one item in ten, so a quantized "
+        "checkpoint has next to nothing to lose); a difference from plain counts only where the means "
+        "differ by more than the larger of the two seed spreads. Rows are keyed by the model's identity, "
+        "the quantkit modules the run imported, the measuring code, the recipe and the settings "
+        "(bench/skills_experiment.py's keys), and shown with figures only while their key matches; "
+        '"made by": the commits that measured them. Command: `python bench/token_weights_experiment.py '
+        f"--model MODEL --work DIR --settings {','.join(plan['settings'])} --arms {','.join(plan['arms'])} "
+        f"--seeds {','.join(map(str, plan['seeds']))} --items {plan['items']} --pool-per-task "
+        f"{plan['pool_per_task']} --write-results bench/RESULTS.md`."
+    )
+
+
+def render(
+    plan: dict, identity: dict, original: dict | None, runs: list[dict], pending: list[dict] = ()
+) -> str:
+    """The tiny-omni-skills part from the current rows ``runs`` and the current original row (None
+    when it is not measured at this code) over ``plan``; ``pending``: the planned runs without a
+    current row (missing, or stale: made by another model or other code), shown without figures."""
     from quantkit.zoo.skills_tasks import TASKS
 
-    lines = [note, ""] if note else []
-    better_any, worse_any, judged, plain_loses = [], [], [], []
-    for setting in [s for s in SETTINGS if any(r["setting"] == s for r in runs)]:
+    judged = judged_tasks(original)
+    lines = [intro(plan, identity, original, runs), ""]
+    better_any, worse_any, settled, plain_loses = [], [], [], []
+    for setting in [s for s in SETTINGS if s in plan["settings"]]:
         mine = [r for r in runs if r["setting"] == setting]
-        arms = [a for a in ARMS if any(r["arm"] == a for r in mine)]
+        arms = [a for a in ARMS if a in plan["arms"]]
         seeds = sorted({r["seed"] for r in mine})
         overrides = ", ".join(f"{k}: {v}" for k, v in SETTINGS[setting][0].items()) or "as shipped"
         lines += [
-            f"### {setting} ({RECIPE} {overrides}; {mine[0]['size']} calibration samples, "
-            f"{mine[0]['items']} held-out items a task, seeds {', '.join(map(str, seeds))}; "
+            f"### {setting} ({RECIPE} {overrides}; {SETTINGS[setting][1]} calibration samples, "
+            f"{plan['items']} held-out items a task, seeds {', '.join(map(str, seeds)) or 'none measured at this code'}; "
             "mean ± spread (max - min) over seeds)",
             "",
-            "| group | task | original | " + " | ".join(arms) + " | made by |",
-            "|---|---|---|" + "---|" * len(arms) + "---|",
+            "| group | task | original | " + " | ".join(arms) + " |",
+            "|---|---|---|" + "---|" * len(arms),
         ]
-        commits = ", ".join(sorted({r["commit"] for r in mine} | {original["commit"]}))
-        for task in TASKS:
+        for task in TASKS if mine or original else ():
             cells = []
             for arm in arms:
                 values = [r["scores"][task.name] for r in mine if r["arm"] == arm]
-                mean, spread = cell(values)
-                cells.append(f"{mean:.3f} ± {spread:.3f} (n={len(values)})")
-            mark = "" if task.name in ANSWERABLE else " (original near 0: not judged)"
-            lines.append(
-                f"| {task.group} | {task.name}{mark} | {original['scores'][task.name]:.3f} | "
-                + " | ".join(cells)
-                + f" | {commits} |"
+                if values:
+                    mean, spread = cell(values)
+                    cells.append(f"{mean:.3f} ± {spread:.3f} (n={len(values)})")
+                else:
+                    cells.append("not measured")
+            first = f"{original['scores'][task.name]:.3f}" if original else "not measured"
+            mark = (
+                ""
+                if task.name in judged
+                else f" (original below {JUDGED_AT:g}: not judged)"
+                if original
+                else " (original not measured: not judged)"
             )
-        lines.append("")
+            lines.append(f"| {task.group} | {task.name}{mark} | {first} | " + " | ".join(cells) + " |")
+        commits = sorted({r["provenance"]["commit"] for r in mine} | ({original["provenance"]["commit"]} if original else set()))
+        if not mine and not original:
+            lines = lines[:-3]  # no figures at all: no table
+        lines += ["", f"- {setting}: made by {', '.join(commits)}" if commits else f"- {setting}: nothing measured at this code"]
+        waiting: dict[str, list[str]] = {}
+        for p in [p for p in pending if p["setting"] == setting]:
+            waiting.setdefault(p["status"], []).append(f"{p['arm']} seed {p['seed']}")
+        for status, which in waiting.items():
+            lines.append(f"- {setting}, not measured at this code ({status}): {', '.join(which)}")
         for arm in arms[1:]:
-            counts = [r["against_plain"] for r in mine if r["arm"] == arm and "against_plain" in r]
+            counts = [c for c in (against_plain(runs, r) for r in mine if r["arm"] == arm) if c]
             if counts:
                 packed, scales = (
                     f"{min(c[k][0] for c in counts)}-{max(c[k][0] for c in counts)} of {counts[0][k][1]}"
-                    for k in ("weight_packed", "weight_scale")
+                    for k in QUANTIZED
                 )
                 lines.append(
                     f"- {setting}, {arm}: tensors that differ from plain's checkpoint (range over seeds): "
                     f"packed weights {packed}, scales {scales}"
                 )
         lines.append("")
-        if len(seeds) < 2:
-            lines += ["- one seed: no spread to judge differences by", ""]
+        plain_seeds = {r["seed"] for r in mine if r["arm"] == "plain"}
+        if len(plain_seeds) < 2 or not judged:
+            lines += [f"- {setting}: fewer than two seeds of plain, or no judged task: nothing judged", ""]
             continue
-        judged.append(setting)
-        for task in ANSWERABLE:  # is there a loss for a weighting to recover?
+        settled.append(setting)
+        for task in judged:  # is there a loss for a weighting to recover?
             plain = [r["scores"][task] for r in mine if r["arm"] == "plain"]
-            if plain and original["scores"][task] - cell(plain)[0] > cell(plain)[1] + 1e-9:
+            if original["scores"][task] - cell(plain)[0] > cell(plain)[1] + 1e-9:
                 plain_loses.append(f"{task} ({setting})")
-        for arm, (better, worse) in differences(setting, runs).items():
+        for arm, (better, worse) in differences(setting, mine, judged).items():
+            if len({r["seed"] for r in mine if r["arm"] == arm}) < 2:
+                lines.append(f"- {setting}, {arm}: fewer than two seeds: not judged")
+                continue
             better_any += [f"{arm} on {t} ({setting})" for t in better]
             worse_any += [f"{arm} on {t} ({setting})" for t in worse]
             lines.append(
@@ -245,49 +403,126 @@ def render(original: dict, runs: list[dict], note: str) -> str:
                 f"{', '.join(better) or 'no task'}; worse on {', '.join(worse) or 'no task'}"
             )
         lines.append("")
-    weighted = [r for r in runs if r["recorded_token_weights"] is not None]
-    recorded = bool(weighted) and all(r["card_token_weights"] for r in weighted)
-    imatrix = [r for r in runs if r["arm"] == "imatrix"]
-    lines.append(
-        "Only caption, temporal_grounding, video_caption, speaker_count and audio_image_qa are judged: "
-        "the others (the precision tasks OCR and grounding among them) score near 0 in the original, "
-        "so no calibration can show a difference there, and the issue's goal (precision tasks gaining "
-        "beyond the seed spread) cannot be tested on this model. "
-        + (
-            "With fewer than two seeds per setting nothing is judged. "
-            if not judged
-            else (
-                f"Beyond the seed spread, better than plain: {'; '.join(better_any)}. "
-                if better_any
-                else "No token weighting and not imatrix helped any judged task beyond the seed spread. "
-            )
-            + (
-                f"Plain GPTQ itself lost beyond its seed spread on: {'; '.join(plain_loses)}. "
-                if plain_loses
-                else "But plain GPTQ loses nothing beyond its seed spread on any judged task here, so "
-                "there was no loss for a weighting to recover: the experiment is inconclusive, and "
-                "the defaults stay off for lack of evidence, not because weighting was shown not to help. "
-            )
-            + (f"Worse than plain: {'; '.join(worse_any)}. " if worse_any else "No judged task got worse. ")
-        )
-        + (
-            "The built-in recipes ship with token_weights absent (off) and weight_observer unset "
-            "(the library's memoryless_minmax). "
-            if shipped_defaults()
-            else "Some built-in recipe turns token_weights or weight_observer on. "
-        )
-        + (
-            f"All {len(weighted)} weighted runs recorded their weights in quantkit.json and the model card"
-            if recorded
-            else "Not every weighted run recorded its weights in quantkit.json and the card (see the run JSON)"
-        )
-        + (
-            f"; the {len(imatrix)} imatrix runs recorded weight_observer: imatrix_mse in quantkit.json."
-            if imatrix and all(r["recorded_weight_observer"] == "imatrix_mse" for r in imatrix)
-            else "."
-        )
-    )
+    lines.append(closing(original, runs, pending, judged, settled, better_any, worse_any, plain_loses))
     return "\n".join(lines)
+
+
+def closing(original, runs, pending, judged, settled, better_any, worse_any, plain_loses) -> str:
+    """The paragraph after the tables: every statement computed from the rows."""
+    from quantkit.zoo.skills_tasks import TASKS
+
+    precision = [t.name for t in TASKS if t.family in PRECISION_FAMILIES]
+    tested = [t for t in precision if t in judged]
+    out = []
+    if pending:
+        out.append(
+            f"{len(pending)} of {len(pending) + len(runs)} planned runs are not measured at this code "
+            "(missing, or stale: made by another model or other code), so they show no figures; the "
+            "verdicts count the current runs only."
+        )
+    if original is None:
+        out.append("The original's scores are not measured at this code, so no task is judged.")
+    else:
+        left = [t.name for t in TASKS if t.name not in judged]
+        out.append(
+            f"Judged (original at least {JUDGED_AT:g}): {words(judged) or 'no task'}"
+            + (f"; not judged: {words(left)}." if left else ".")
+        )
+        out.append(
+            f"Of the issue's precision tasks ({words(precision)}), {words(tested)} "
+            f"{'is' if len(tested) == 1 else 'are'} judged here."
+            if tested
+            else f"None of the issue's precision tasks ({words(precision)}) is judged here, so its "
+            "goal (precision tasks gaining beyond the seed spread) cannot be tested on this model."
+        )
+    if not settled:
+        out.append("No setting has two seeds of plain and a judged task: nothing is judged.")
+    else:
+        out.append(
+            f"Beyond the seed spread, better than plain: {'; '.join(better_any)}."
+            if better_any
+            else "No token weighting and not imatrix helped any judged task beyond the seed spread."
+        )
+        out.append(
+            f"Plain GPTQ itself lost beyond its seed spread on: {'; '.join(plain_loses)}."
+            if plain_loses
+            else "But plain GPTQ loses nothing beyond its seed spread on any judged task here, so there "
+            "was no loss for a weighting to recover: the experiment is inconclusive there."
+        )
+        out.append(f"Worse than plain: {'; '.join(worse_any)}." if worse_any else "No judged task got worse.")
+    out.append(
+        "The built-in recipes ship with token_weights absent (off) and weight_observer unset "
+        "(the library's memoryless_minmax)."
+        if shipped_defaults()
+        else "Some built-in recipe turns token_weights or weight_observer on."
+    )
+    weighted = [r for r in runs if ARMS[r["arm"]].get("token_weights")]
+    if weighted:
+        recorded = sum(r["recorded_token_weights"] is not None and r["card_token_weights"] for r in weighted)
+        out.append(f"{recorded} of {len(weighted)} weighted runs recorded their weights in quantkit.json and the model card.")
+    imatrix = [r for r in runs if r["arm"] == "imatrix"]
+    if imatrix:
+        observed = sum(r["recorded_weight_observer"] == "imatrix_mse" for r in imatrix)
+        out.append(f"{observed} of {len(imatrix)} imatrix runs recorded weight_observer: imatrix_mse in quantkit.json.")
+    return " ".join(out)
+
+
+def skills_main(args) -> str:
+    """Measure the planned runs (and the original) whose stored row is not current (none with
+    --render-only) and render from the current rows of ``args.results``."""
+    from _shared import loaded_sources
+
+    identity = se.model_identity(args.model)
+    state = skills_state()
+    data = se.load(args.results)
+    if not args.render_only:
+        data["plan"] = {
+            "settings": se.csv(args.settings),
+            "arms": se.csv(args.arms) if args.arms else list(ARMS),
+            "seeds": [int(s) for s in se.csv(args.seeds)],
+            "items": args.items,
+            "pool_per_task": args.pool_per_task,
+        }
+    plan = data.get("plan")
+    if plan is None:
+        raise SystemExit(f"{args.results} holds no tiny-omni-skills plan: run without --render-only first")
+    settings = run_settings(plan)
+    print(f"model {identity['hash']} (record {identity['record']}); code git {state['commit']}", flush=True)
+
+    name = se.original_name(identity, plan["items"])
+    original = data["original"].get(name)
+    if not se.current(original, se.expected_original(original, identity, state) if original else None):
+        original = None
+        if not args.render_only:
+            original = se.original_row(args.model, identity, state, plan["items"])
+            data["original"][name] = original
+            se.save(args.results, data)
+    runs, pending, pool, built = [], [], None, set()
+    for seed in plan["seeds"]:
+        for setting in plan["settings"]:
+            for arm in plan["arms"]:
+                key = run_name(setting, arm, seed)
+                row = data["runs"].get(key)
+                if row and se.current(row, expected_run(row, identity, state, settings)):
+                    runs.append(row)
+                    continue
+                if args.render_only:
+                    commit = ((row or {}).get("provenance") or {}).get("commit") or "unknown"
+                    status = f"stale: made by {commit} with another model, code or settings" if row else "missing"
+                    pending.append({"setting": setting, "arm": arm, "seed": seed, "status": status})
+                    continue
+                if pool is None:
+                    pool = se.write_pool(args.work, plan["pool_per_task"])
+                row = measure_run(args.model, pool, args.work, setting, arm, seed, plan["items"], built)
+                row["settings"] = settings
+                row["model"] = identity
+                row["provenance"] = se.row_key(key, run_spec(setting, arm, identity), settings, state, loaded_sources())
+                data["runs"][key] = row
+                se.save(args.results, data)
+                runs.append(row)
+                print(json.dumps({k: v for k, v in row.items() if k not in ("sample_ids", "tensors", "provenance")}), flush=True)
+    text = render(plan, identity, original, runs, pending)
+    return text + ("\n\n" + data["history"] if data.get("history") else "")
 
 
 # ---------------------------------------------------------------------- SmolLM2-135M (real weights)
@@ -663,14 +898,13 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", type=Path, help="a tiny-omni-skills folder (not with --smollm2)")
-    parser.add_argument("--pool", type=Path, help="quantkit demo-pool --skills's pool.jsonl (not with --smollm2)")
-    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--work", type=Path, required=True, help="scratch: pool, calibration sets, checkpoints")
     parser.add_argument("--settings", default=",".join(SETTINGS))
     parser.add_argument("--arms", help=f"default: {','.join(ARMS)}; with --smollm2 {','.join(SMOL_ARMS)}")
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--items", type=int, default=24, help="held-out items per task")
-    parser.add_argument("--note", default="")
-    parser.add_argument("--render-only", action="store_true", help="render from the stored runs")
+    parser.add_argument("--pool-per-task", type=int, default=12, help="skills pool records per task")
+    parser.add_argument("--render-only", action="store_true", help="render from the stored rows, measure nothing")
     parser.add_argument("--write-results", type=Path)
     parser.add_argument("--smollm2", action="store_true", help="the SmolLM2-135M part instead")
     parser.add_argument("--smol-size", type=int, default=16, help="SmolLM2 calibration windows")
@@ -679,8 +913,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--results",
         type=Path,
-        default=SMOL_RESULTS,
-        help="the SmolLM2 runs, keyed by the code that made them (default bench/token_weights.json)",
+        help="the stored rows, keyed by the code that made them (default bench/token_weights_skills.json; "
+        "with --smollm2 bench/token_weights.json)",
     )
     args = parser.parse_args(argv)
     if args.smollm2:
@@ -688,33 +922,19 @@ def main(argv: list[str] | None = None) -> None:
         unknown += [a for a in (args.arms or "").split(",") if a and a not in SMOL_ARMS]
         if unknown:
             parser.error(f"unknown SmolLM2 setting or arm: {', '.join(unknown)}")
-    elif args.model is None or args.pool is None:
-        parser.error("--model and --pool are required (or --smollm2)")
+    else:
+        if args.model is None:
+            parser.error("--model is required (or --smollm2)")
+        unknown = [s for s in se.csv(args.settings) if s not in SETTINGS]
+        unknown += [a for a in se.csv(args.arms or "") if a not in ARMS]
+        if unknown:
+            parser.error(f"unknown setting or arm: {', '.join(unknown)}")
+    args.results = args.results or (SMOL_RESULTS if args.smollm2 else SKILLS_RESULTS)
     args.work.mkdir(parents=True, exist_ok=True)
-    if args.smollm2:
-        text = smol_main(args)
-        print(text)
-        if args.write_results:
-            write_part(args.write_results, text, smol=True)
-        return
-    original = original_scores(args.model, args.work, args.items)
-    runs = []
-    for seed in (int(s) for s in args.seeds.split(",")):
-        for setting in args.settings.split(","):
-            for arm in (args.arms or ",".join(ARMS)).split(","):
-                out = args.work / f"tw-{setting}-{arm}-{seed}-{args.items}.json"
-                if args.render_only and not out.is_file():
-                    continue
-                run = run_one(args.model, args.pool, args.work, setting, arm, seed, args.items)
-                if arm != "plain" and "against_plain" not in run:
-                    run["against_plain"] = against_plain(args.work, run)
-                    out.write_text(json.dumps(run, indent=1) + "\n")
-                runs.append(run)
-                print(json.dumps({k: v for k, v in runs[-1].items() if k != "sample_ids"}), flush=True)
-    text = render(original, runs, args.note)
+    text = smol_main(args) if args.smollm2 else skills_main(args)
     print(text)
     if args.write_results:
-        write_part(args.write_results, text, smol=False)
+        write_part(args.write_results, text, smol=args.smollm2)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ RESULTS.md (the measuring itself needs SmolLM2's weights and the Jargon File: be
 
 from __future__ import annotations
 
+import json
 import statistics
 import subprocess
 import sys
@@ -92,7 +93,8 @@ def test_smol_figures_replace_the_pending_note_and_keep_the_tiny_part(tmp_path):
 @pytest.mark.parametrize(
     "args",
     [
-        ["--work", "W"],  # the tiny-omni-skills part needs --model and --pool
+        ["--work", "W"],  # the tiny-omni-skills part needs --model
+        ["--model", "W", "--work", "W", "--settings", "w3a16"],
         ["--smollm2", "--work", "W", "--smol-settings", "w3a16"],
         ["--smollm2", "--work", "W", "--arms", "vision-down"],  # no vision in SmolLM2
     ],
@@ -176,3 +178,205 @@ def test_smol_current_rows_are_reused_not_measured(tmp_path, capsys):
     tw.main([*args, "--seeds", "0,1", "--smol-size", "16", "--smol-eval", "16", "--results", str(results)])
     assert "| plain | 20.50% ± 1.00% |" in capsys.readouterr().out
     assert json.loads(results.read_text())["runs"] == before
+
+
+# ---------------------------------------------------------------------- tiny-omni-skills part
+
+import skills_experiment as se  # noqa: E402
+
+FILES = ["quantkit/quantize/run.py"]  # the module list a hand-made row claims its process loaded
+PLAN = {"settings": ["w4a16"], "arms": ["plain", "imatrix"], "seeds": [0, 1], "items": 24, "pool_per_task": 12}
+
+
+def fake_model(folder: Path, weights: bytes = b"weights") -> Path:
+    """A folder model_identity can hash (it hashes bytes; nothing here loads them as a model)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.safetensors").write_bytes(weights)
+    (folder / "tokenizer.json").write_text("{}", encoding="utf-8")
+    return folder
+
+
+def task_scores(value: float = 1.0, **scores: float) -> dict:
+    from quantkit.zoo.skills_tasks import TASKS
+
+    return {t.name: scores.get(t.name, value) for t in TASKS}
+
+
+def skills_row(setting, arm, seed, scores, identity, state, packed=("a", "b")) -> dict:
+    """A run row as skills_main stores it, keyed under ``identity`` and ``state``."""
+    settings = tw.run_settings(PLAN)
+    name = tw.run_name(setting, arm, seed)
+    row = {
+        "setting": setting,
+        "arm": arm,
+        "seed": seed,
+        "size": tw.SETTINGS[setting][1],
+        "items": PLAN["items"],
+        "quantize_seconds": 10.0,
+        "score_seconds": 5.0,
+        "sample_ids": [f"s{seed}-{i}" for i in range(3)],
+        "recorded_token_weights": None,
+        "card_token_weights": False,
+        "recorded_weight_observer": "imatrix_mse" if arm == "imatrix" else None,
+        "tensors": {"l0.weight_packed": packed[0], "l1.weight_packed": packed[1], "l0.weight_scale": "s"},
+        "scores": scores,
+        "settings": settings,
+        "model": identity,
+    }
+    row["provenance"] = se.row_key(name, tw.run_spec(setting, arm, identity), settings, state, FILES)
+    return row
+
+
+def original_row(scores: dict, identity: dict, state: dict) -> dict:
+    spec = {"model": {k: identity[k] for k in ("hash", "record")}}
+    provenance = se.row_key("original", spec, {"items": PLAN["items"]}, state, FILES)
+    return {"items": PLAN["items"], "model": identity, "seconds": 1.0, "scores": scores, "provenance": provenance}
+
+
+def stored(path: Path, original: dict, runs: list[dict], identity: dict) -> dict:
+    data = {
+        "plan": PLAN,
+        "original": {se.original_name(identity, PLAN["items"]): original},
+        "runs": {tw.run_name(r["setting"], r["arm"], r["seed"]): r for r in runs},
+    }
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return data
+
+
+def test_judged_tasks_are_those_the_original_scores_at_least_the_threshold():
+    """The rule replaces a typed-in list: judged where the original scores >= JUDGED_AT."""
+    from quantkit.zoo.skills_tasks import TASKS
+
+    low, high = tw.JUDGED_AT / 2, tw.JUDGED_AT
+    original = {"scores": task_scores(1.0, ocr_table=low, asr=0.0, grounding=high)}
+    judged = tw.judged_tasks(original)
+    assert judged == [t.name for t in TASKS if t.name not in ("ocr_table", "asr")]
+    assert "grounding" in judged  # the threshold itself is judged
+    assert tw.judged_tasks(None) == []  # no current original: nothing judged
+    identity = {"hash": "h" * 16, "record": None}
+    original["provenance"] = {"commit": "abc1234"}
+    text = tw.render(PLAN, identity, original, [])
+    assert f"ocr_table (original below {tw.JUDGED_AT:g}: not judged)" in text
+    assert "| grounding |" in text and "| caption |" in text  # judged rows carry no mark
+    assert "not judged: ocr_table and asr." in text
+    assert "ocr_digits, grounding and temporal_grounding are judged here" in text
+    assert "3,000" not in text and "steps" not in text
+
+
+def test_rows_of_another_model_or_other_code_are_not_current(tmp_path, capsys):
+    """A row keyed under another model identity or other measuring code is stale: not reused,
+    rendered without its figures; current rows are rendered with theirs. --render-only measures
+    nothing: the stored file and the scratch folder stay as they were."""
+    model = fake_model(tmp_path / "model")
+    identity = se.model_identity(model)
+    state = tw.skills_state()
+    other_model = {**identity, "hash": "0" * 16}
+    other_code = {**state, "bench": "c" * 64, "commit": "89abcde"}
+    results = tmp_path / "token_weights_skills.json"
+    rows = [
+        skills_row("w4a16", "plain", 0, task_scores(1.0), identity, state),
+        skills_row("w4a16", "plain", 1, task_scores(0.777), other_model, state),
+        skills_row("w4a16", "imatrix", 0, task_scores(0.5), identity, state, packed=("a", "z")),
+        skills_row("w4a16", "imatrix", 1, task_scores(0.666), identity, other_code),
+    ]
+    stored(results, original_row(task_scores(1.0), identity, state), rows, identity)
+    settings = tw.run_settings(PLAN)
+    assert [se.current(r, tw.expected_run(r, identity, state, settings)) for r in rows] == [True, False, True, False]
+    before = results.read_bytes()
+    work = tmp_path / "work"
+    tw.main(["--model", str(model), "--work", str(work), "--render-only", "--results", str(results)])
+    text = capsys.readouterr().out
+    assert results.read_bytes() == before and list(work.iterdir()) == []
+    assert "0.777" not in text and "0.666" not in text
+    stale = [line for line in text.splitlines() if line.startswith("- w4a16, not measured at this code (stale")]
+    assert any(line.endswith("): plain seed 1") for line in stale)  # another model
+    assert any("made by 89abcde" in line and line.endswith("): imatrix seed 1") for line in stale)  # other code
+    assert "2 of 4 planned runs are not measured at this code" in text
+    caption = next(line for line in text.splitlines() if line.startswith("| image | caption |"))
+    assert "| 1.000 ± 0.000 (n=1) | 0.500 ± 0.000 (n=1) |" in caption
+    assert "seeds 0;" in text  # seed 1 has no current row
+    assert "nothing judged" in text  # one plain seed left: no spread to judge by
+    assert "packed weights 1-1 of 2, scales 0-0 of 1" in text  # from the rows' digests
+
+
+def test_stale_original_judges_nothing(tmp_path, capsys):
+    model = fake_model(tmp_path / "model")
+    identity = se.model_identity(model)
+    state = tw.skills_state()
+    results = tmp_path / "token_weights_skills.json"
+    old = original_row(task_scores(0.888), {**identity, "hash": "1" * 16}, state)
+    stored(results, old, [skills_row("w4a16", "plain", s, task_scores(1.0), identity, state) for s in (0, 1)], identity)
+    data = json.loads(results.read_text())
+    data["original"] = {se.original_name(identity, PLAN["items"]): old}  # stored under this model's name
+    results.write_text(json.dumps(data), encoding="utf-8")
+    tw.main(["--model", str(model), "--work", str(tmp_path / "work"), "--render-only", "--results", str(results)])
+    text = capsys.readouterr().out
+    assert "0.888" not in text and "original scores not measured at this code" in text
+    assert "The original's scores are not measured at this code, so no task is judged." in text
+
+
+def test_current_rows_are_reused_and_judged_not_measured(tmp_path, capsys):
+    """Measuring mode reuses every current row and the current original (the fake model could not
+    be quantized: nothing is measured, no pool is written) and judges by the seed spread."""
+    model = fake_model(tmp_path / "model")
+    identity = se.model_identity(model)
+    state = tw.skills_state()
+    results = tmp_path / "token_weights_skills.json"
+    rows = [skills_row("w4a16", "plain", s, task_scores(1.0), identity, state) for s in (0, 1)]
+    rows += [
+        skills_row("w4a16", "imatrix", s, task_scores(1.0, caption=v), identity, state) for s, v in ((0, 0.5), (1, 0.6))
+    ]
+    data = stored(results, original_row(task_scores(1.0, asr=0.0), identity, state), rows, identity)
+    work = tmp_path / "work"
+    args = ["--model", str(model), "--work", str(work), "--settings", "w4a16", "--arms", "plain,imatrix"]
+    tw.main([*args, "--seeds", "0,1", "--items", "24", "--pool-per-task", "12", "--results", str(results)])
+    text = capsys.readouterr().out
+    after = json.loads(results.read_text())
+    assert after["runs"] == data["runs"] and after["original"] == data["original"] and list(work.iterdir()) == []
+    assert "- w4a16, imatrix against plain beyond the seed spread: better on no task; worse on caption -0.450" in text
+    assert "Worse than plain: imatrix on caption -0.450 (w4a16)." in text
+    assert "2 of 2 imatrix runs recorded weight_observer: imatrix_mse" in text
+    assert "model.safetensors" not in text and identity["hash"] in text
+
+
+def test_the_skills_key_follows_model_setting_arm_and_code():
+    identity = {"hash": "h" * 16, "record": "r" * 64}
+    state = tw.skills_state()
+    settings = tw.run_settings(PLAN)
+
+    def key(setting="w4a16", arm="plain", ident=identity, st=state, sets=settings):
+        return se.row_key(tw.run_name(setting, arm, 0), tw.run_spec(setting, arm, ident), sets, st, FILES)["key"]
+
+    base = key()
+    assert base == key()
+    assert base != key(setting="w4a16-sym-10") and base != key(arm="tier")
+    assert base != key(ident={**identity, "record": "s" * 64}) and base != key(ident={**identity, "hash": "g" * 16})
+    assert base != key(st={**state, "bench": "d" * 64}) and base != key(sets={**settings, "items": 8})
+    assert state["bench"] != se.code_state()["bench"]  # this part's measuring code is in its key too
+
+
+def test_tensor_digests_tell_which_quantized_tensors_differ(tmp_path):
+    """A row keeps digests of its checkpoint's quantized tensors (safetensors, as quantize writes
+    them), so an arm is compared with plain's without plain's checkpoint at hand."""
+    import torch
+    from safetensors.torch import save_file
+
+    def checkpoint(name: str, scale: float) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        tensors = {
+            "l0.weight_packed": torch.arange(8, dtype=torch.int32).reshape(2, 4),
+            "l0.weight_scale": torch.full((2, 1), scale, dtype=torch.bfloat16),
+            "l0.bias": torch.zeros(2),
+        }
+        save_file(tensors, str(folder / "model.safetensors"))
+        return folder
+
+    plain, other = tw.tensor_digests(checkpoint("plain", 0.5)), tw.tensor_digests(checkpoint("other", 0.25))
+    assert sorted(plain) == ["l0.weight_packed", "l0.weight_scale"]  # only the quantized tensors
+    runs = [
+        {"setting": "w4a16", "seed": 0, "arm": "plain", "tensors": plain},
+        {"setting": "w4a16", "seed": 0, "arm": "imatrix", "tensors": other},
+    ]
+    assert tw.against_plain(runs, runs[1]) == {"weight_packed": [0, 1], "weight_scale": [1, 1]}
+    assert tw.against_plain(runs[1:], runs[1]) is None  # no plain row of that setting and seed
