@@ -90,7 +90,7 @@ def run_one(model: Path, pool: Path, work: Path, setting: str, arm: str, seed: i
     out = work / f"tw-{setting}-{arm}-{seed}-{items}.json"
     if out.is_file():
         return json.loads(out.read_text())
-    from _shared import git_commit
+    from _shared import git_commit, write_json
 
     from quantkit.eval.skills import score_model
     from quantkit.quantize import quantize
@@ -122,7 +122,7 @@ def run_one(model: Path, pool: Path, work: Path, setting: str, arm: str, seed: i
         "recorded_weight_observer": (meta.get("recipe") or {}).get("weight_observer"),
         "scores": {t.task: t.score for t in scores.tasks},
     }
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(out, result)
     return result
 
 
@@ -131,12 +131,12 @@ def original_scores(model: Path, work: Path, items: int) -> dict:
     them), stamped with the commit."""
     out = work / f"original-{items}.json"
     if not out.is_file():
-        from _shared import git_commit
+        from _shared import git_commit, write_json
         from skills_experiment import original_scores as measure
 
         (work / "original").mkdir(exist_ok=True)
         scores = measure(model, work / "original", items)
-        out.write_text(json.dumps({"commit": git_commit(), "scores": scores}, indent=1) + "\n")
+        write_json(out, {"commit": git_commit(), "scores": scores})
     return json.loads(out.read_text())
 
 
@@ -697,6 +697,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.write_results:
             write_part(args.write_results, text, smol=True)
         return
+    from _shared import write_json
+
     original = original_scores(args.model, args.work, args.items)
     runs = []
     for seed in (int(s) for s in args.seeds.split(",")):
@@ -708,7 +710,7 @@ def main(argv: list[str] | None = None) -> None:
                 run = run_one(args.model, args.pool, args.work, setting, arm, seed, args.items)
                 if arm != "plain" and "against_plain" not in run:
                     run["against_plain"] = against_plain(args.work, run)
-                    out.write_text(json.dumps(run, indent=1) + "\n")
+                    write_json(out, run)
                 runs.append(run)
                 print(json.dumps({k: v for k, v in runs[-1].items() if k != "sample_ids"}), flush=True)
     text = render(original, runs, args.note)
