@@ -9,7 +9,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 TV_META := $(VLLM_VENV)/lib/python3.11/site-packages/torchvision/_meta_registrations.py
 
-.PHONY: install vllm-env envs demo test test-quick lint clean checkpoints bench bench-real jargon-text
+.PHONY: install vllm-env envs demo test test-quick lint clean checkpoints bench bench-real bench-memory jargon-text
 
 # pip install --no-compile: pip byte-compiles every .py file it installs (all of torch, transformers,
 # vLLM ...), while Python compiles on first import only the modules a command uses, once. Measured
@@ -92,6 +92,7 @@ test: envs
 # it (quantkit's source, the recipe, the bench's measuring code, library versions) and the commit:
 # a run is reused only while its key matches, so a change to the quantize path re-measures it.
 # GPU serving speed: bench/gpu_vllm.py. The mixed-precision comparison: make bench-real.
+# The memory plan against measured peaks (bench/memory_plan.py, ~18 min): make bench-memory.
 # bench/startup.py (~5 min): CPU time of --help and of quantize --dry-run on the real configs.
 BENCH_WORK ?= /tmp/quantkit-bench
 BENCH_CORE := rtn-g64,quantkit-w4a16,quantkit-fp8-dynamic,quantkit-fp8,quantkit-w8a8-sq-gptq
@@ -109,6 +110,14 @@ bench: install
 bench-real: install jargon-text
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/mixed_precision.py --work $(BENCH_WORK) \
 		--results bench/real_weights.json --write-results bench/RESULTS.md
+
+# The memory plan (bench/memory_plan.py, not in `make bench`: ~18 min on 2 cores): the measured peak
+# host memory of w4a16 on tiny thinkers with 2, 4 and 8 decoder layers against the plan, and the plans
+# of the real configs in bench/configs. Stores both parts in bench/memory_plan.json, re-renders the
+# Memory plan section of bench/RESULTS.md and the README's memory-plan table from it.
+# `$(BIN)/python bench/memory_plan.py render --readme README.md` re-renders without measuring.
+bench-memory: install
+	HF_HUB_OFFLINE=1 $(BIN)/python bench/memory_plan.py all --readme README.md
 
 # The Jargon File (Debian's jargon-text) is bench-real's text; installed with apt-get where it is
 # missing and apt is there (as root), else skipped with the reason (the bench then says it is missing).

@@ -115,7 +115,7 @@ def build_samples(workdir: Path, model_dir: Path, count: int, *, max_seq_len: in
         }
         for sample, label in zip(drawn.samples, drawn.labels, strict=True)
     ]
-    path.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    write_json(path, rows)
     return path
 
 
@@ -138,6 +138,15 @@ def modality_mix(path: Path) -> dict[str, int]:
         for row in rows
     )
     return dict(sorted(kinds.items()))
+
+
+def write_json(path: Path, data, *, indent: int = 1, **dumps) -> None:
+    """``data`` as JSON at ``path``, whole or not at all: serialised first, then written through a
+    partial file and one rename (quantkit.fsutil.write_file_atomic), so that neither an object
+    JSON cannot encode nor a crash mid-write leaves a truncated file that loses the stored rows."""
+    from quantkit.fsutil import write_file_atomic
+
+    write_file_atomic(Path(path), json.dumps(data, indent=indent, **dumps) + "\n")
 
 
 REAL_WEIGHTS_HEADING = "## Real weights: SmolLM2-135M"
@@ -167,9 +176,9 @@ def replace_section(path: Path, heading: str, body: str) -> None:
     else:
         end = text.find("\n## ", start + len(heading))
         text = text[:start] + block + (text[end:] if end >= 0 else "")
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(path)
+    from quantkit.fsutil import write_file_atomic
+
+    write_file_atomic(path, text)
 
 
 # ---------------------------------------------------------------------- provenance

@@ -1164,7 +1164,9 @@ def main() -> None:
     print(f"reference ppl {ref.result['ppl']:.2f} ({time.perf_counter() - started:.0f} s)", flush=True)
 
     def save() -> None:
-        results_path.write_text(json.dumps(saved, indent=2) + "\n")
+        from _shared import write_json
+
+        write_json(results_path, saved, indent=2)
 
     variants = recipe_variants()
     widths = linear_widths(folder)

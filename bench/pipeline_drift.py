@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _shared import ROOT, child_env, git_commit, replace_section, run_child  # noqa: E402
+from _shared import ROOT, child_env, git_commit, replace_section, run_child, write_json  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 BASE = "c5e211f^"  # the whole-model (basic pipeline) calibration, before "towers once, decoder many"
@@ -130,8 +130,10 @@ def text_pool(work: Path) -> Path:
             cli(ROOT, *args, log=work / "logs" / "demo-pool-text.log")
         rows = [json.loads(line) for line in (source / "pool.jsonl").read_text(encoding="utf-8").splitlines()]
         text = [row for row in rows if not (row.get("images") or row.get("videos") or row.get("audios"))]
+        from quantkit.fsutil import write_file_atomic
+
         pool.parent.mkdir(parents=True, exist_ok=True)
-        pool.write_text("".join(json.dumps(row) + "\n" for row in text), encoding="utf-8")
+        write_file_atomic(pool, "".join(json.dumps(row) + "\n" for row in text))
     return pool
 
 
@@ -564,16 +566,16 @@ def main() -> None:
                     results[key].update(
                         new_commit=new_commit, refused=refusal.removeprefix("error: "), refused_by=side
                     )
-                    cache.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+                    write_json(cache, results)
                 continue
             print(f"{name} x {recipe}: {time.perf_counter() - started:.0f} s", flush=True)
-            cache.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+            write_json(cache, results)
     if args.noise and not args.render_only:
         name, recipe = args.noise.split("/")
         key = f"noise/{name}/{recipe}/{base_commit}/{new_commit}"
         if key not in results:
             results[key] = measure_noise(args.work, base_commit, new_commit, name, recipe)
-            cache.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+            write_json(cache, results)
     noise = [row for key, row in results.items() if key.startswith("noise/")]
     measured = [row for key, row in results.items() if not key.startswith("noise/")]
     for row in measured:  # the checkpoints the row measured (keyed by commit), never later ones
@@ -587,7 +589,7 @@ def main() -> None:
         if "weights_differ" not in row and "base_samples" in row and base_out.is_dir() and new_out.is_dir():
             row["weights_differ"] = weights_differ(base_out, new_out)
     if results:
-        cache.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+        write_json(cache, results)
     rows = sorted(measured, key=lambda r: (r["recipe"], r["model"]))
     if rows:
         replace_section(args.results, HEADING, render(rows, noise))

@@ -365,7 +365,9 @@ def main(argv: list[str] | None = None) -> int:
             d["calibrate"], d["quantize"], d["cache_and_size"], d["gpu"],
             read_section(args.output, REAL_WEIGHTS_HEADING),
         )  # fmt: skip
-        args.output.write_text(with_other_sections(text, args.output), encoding="utf-8")
+        from quantkit.fsutil import write_file_atomic  # imported late: the load figures come first
+
+        write_file_atomic(args.output, with_other_sections(text, args.output))
         return 0
     records, size, repeats, samples = (100_000, 5000, 5, 8) if not args.quick else (5000, 500, 1, 2)
     started_at = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -389,7 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - started
     real_weights = read_section(args.output, REAL_WEIGHTS_HEADING)  # a separate, longer bench
     text = render(m, v, started_at, wall, (load_before, load()), c, q, s, gpu, real_weights)
-    args.output.write_text(with_other_sections(text, args.output), encoding="utf-8")
+    from quantkit.fsutil import write_file_atomic  # imported late: the load figures come first
+
+    write_file_atomic(args.output, with_other_sections(text, args.output))
     if args.json:
         payload = {
             "machine": m,

@@ -139,6 +139,42 @@ def bench_module(name: str):
         sys.path.remove(str(BENCH))
 
 
+def test_a_failed_write_leaves_the_stored_rows_intact(tmp_path):
+    """bench/real_weights.json (and the other stores of measured rows) are rewritten whole after
+    each run: a row JSON cannot encode, or a write cut short (a full disk, a kill mid-write), must
+    leave the previous file as it was, not a truncated one that loses every stored row."""
+    write_json = bench_module("_shared").write_json
+    store = tmp_path / "real_weights.json"
+    write_json(store, {"runs": {"w4a16": {"ppl": 46.98}}}, indent=2)
+    before = store.read_bytes()
+
+    with pytest.raises(TypeError):  # serialisation fails: nothing is written
+        write_json(store, {"runs": {"w4a16": {"ppl": 46.98}, "w8a8": {"model": object()}}}, indent=2)
+    assert store.read_bytes() == before
+
+    pytest.importorskip("resource", reason="RLIMIT_FSIZE (a write cut short) needs POSIX")
+    # The write itself fails part-way: a child whose file-size limit is below the new file's size
+    # (the real kernel refusal, EFBIG, as on a full disk) rewrites the store.
+    child = (
+        "import resource, signal, sys\n"
+        f"sys.path.insert(0, {str(BENCH)!r})\n"
+        "from _shared import write_json\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))\n"
+        "rows = {f'run-{i}': {'ppl': float(i), 'note': 'x' * 64} for i in range(1000)}\n"
+        "try:\n"
+        f"    write_json({str(store)!r}, {{'runs': rows}}, indent=2)\n"
+        "except OSError as error:\n"
+        "    print(error.errno)\n"
+        "    sys.exit(3)\n"
+    )
+    proc = run_script("-c", child)
+    assert proc.returncode == 3, proc.stdout + proc.stderr[-3000:]
+    assert store.read_bytes() == before
+    assert json.loads(before)["runs"] == {"w4a16": {"ppl": 46.98}}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["real_weights.json"]  # no partial left
+
+
 def test_run_all_keeps_the_sections_other_benches_wrote(tmp_path):
     """run_all rewrites RESULTS.md whole; the sections other benches wrote (start-up, memory plan,
     token weights) stay, its own are replaced."""
