@@ -9,7 +9,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 TV_META := $(VLLM_VENV)/lib/python3.11/site-packages/torchvision/_meta_registrations.py
 
-.PHONY: install vllm-env envs demo test test-quick lint clean checkpoints bench bench-real bench-memory jargon-text
+.PHONY: install vllm-env envs demo test test-quick lint clean checkpoints bench bench-real bench-memory bench-skills jargon-text
 
 # pip install --no-compile: pip byte-compiles every .py file it installs (all of torch, transformers,
 # vLLM ...), while Python compiles on first import only the modules a command uses, once. Measured
@@ -118,6 +118,19 @@ bench-real: install jargon-text
 # `$(BIN)/python bench/memory_plan.py render --readme README.md` re-renders without measuring.
 bench-memory: install
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/memory_plan.py all --readme README.md
+
+# The per-task experiments on tiny-omni-skills (issues 17 and 18; not in `make bench`: measured 23 +
+# 10 min on the shared 2-core machine): calibration data (stratified, uniform, text only, captions
+# only) x w4a16 / w8a8-sq-gptq / fp8 x 32 and 128 samples x seeds 0-2, then plain vs token-weighted
+# GPTQ vs imatrix. Rows are kept in bench/skills_experiment.json and bench/token_weights_skills.json,
+# keyed by the model and the code: a second run with nothing changed measures nothing.
+SKILLS_MODEL := $(BENCH_WORK)/tiny-omni-skills
+bench-skills: install
+	$(BIN)/quantkit zoo build tiny-omni-skills --output $(SKILLS_MODEL) --force
+	HF_HUB_OFFLINE=1 $(BIN)/python bench/skills_experiment.py --model $(SKILLS_MODEL) --work $(BENCH_WORK)/skills-exp \
+		--recipes w4a16,w8a8-sq-gptq,fp8 --sizes 32,128 --seeds 0,1,2 --items 24 --write-results bench/RESULTS.md
+	HF_HUB_OFFLINE=1 $(BIN)/python bench/token_weights_experiment.py --model $(SKILLS_MODEL) --work $(BENCH_WORK)/tw-skills \
+		--settings w4a16,w4a16-sym-10 --seeds 0,1,2 --items 24 --write-results bench/RESULTS.md
 
 # The Jargon File (Debian's jargon-text) is bench-real's text; installed with apt-get where it is
 # missing and apt is there (as root), else skipped with the reason (the bench then says it is missing).
