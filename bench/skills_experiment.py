@@ -244,14 +244,32 @@ MEASURING = (pool_records, write_pool, arm_samples, measure_run, original_scores
 # ---------------------------------------------------------------------- rendering
 
 
+# Scores are multiples of 1/items: figures closer than this are equal (float rounding decides no
+# comparison).
+TOLERANCE = 1e-9
+
+
 def cell(values: list[float]) -> tuple[float, float]:
     """Mean and spread (max - min) over seeds."""
     return statistics.mean(values), max(values) - min(values)
 
 
+def original_losses(rows: list[dict], original: dict | None, tasks: list[str]) -> list[tuple[str, float, float, float]] | None:
+    """Per task where ``rows``' mean lies below the original's score by more than their seed spread
+    (beyond TOLERANCE): (task, mean, spread, original). None without an original or two seeds."""
+    if original is None or len({r["seed"] for r in rows}) < 2:
+        return None
+    out = []
+    for task in tasks:
+        mean, spread = cell([r["scores"][task] for r in rows])
+        if original["scores"][task] - mean > spread + TOLERANCE:
+            out.append((task, mean, spread, original["scores"][task]))
+    return out
+
+
 def arm_differences(stratified: list[dict], other: list[dict], tasks: list[str]) -> tuple[list, int] | None:
     """Per task where ``other``'s mean differs from stratified's by more than the larger of the two
-    seed spreads: (task, other mean - stratified mean, stratified mean, other mean); with the
+    seed spreads (beyond TOLERANCE): (task, other mean - stratified mean, stratified mean, other mean); with the
     count of tasks that do not differ. None when either arm has fewer than two seeds (no spread)."""
     if len(stratified) < 2 or len(other) < 2:
         return None
@@ -260,17 +278,37 @@ def arm_differences(stratified: list[dict], other: list[dict], tasks: list[str])
         (mine, mine_spread), (theirs, their_spread) = (
             cell([r["scores"][task] for r in rows]) for rows in (stratified, other)
         )
-        if abs(theirs - mine) > max(mine_spread, their_spread):
+        if abs(theirs - mine) > max(mine_spread, their_spread) + TOLERANCE:
             found.append((task, theirs - mine, mine, theirs))
     return found, len(tasks) - len(found)
 
 
-def summary(rows: list[dict], tasks: list[str]) -> list[str]:
-    """Plain words for one table: each arm against stratified, task by task."""
+def versus(task: str, better: str, worse: str, high: float, low: float, original: dict | None) -> str:
+    """One difference between two arms in words, with the original's score; a better arm above the
+    original is said to be so (item noise: quantization does not improve on the model)."""
+    if original is None:
+        return f"{task}: {better} better by {high - low:.3f} ({high:.3f} vs {low:.3f})"
+    base = original["scores"][task]
+    said = f"{task}: {better} {high:.3f} vs {worse} {low:.3f}, original {base:.3f}"
+    if high > base + TOLERANCE:
+        return f"{said} ({better} above the original: item noise, not {better} keeping more)"
+    return f"{said} ({better} better by {high - low:.3f})"
+
+
+def summary(rows: list[dict], tasks: list[str], original: dict | None = None) -> list[str]:
+    """Plain words for one table: each arm against the original (when given) and against
+    stratified, task by task."""
     by_arm = {a: [r for r in rows if r["arm"] == a] for a in ARMS}
-    if not by_arm["stratified"]:
-        return ["- the stratified arm was not measured here: nothing to compare against"]
     lines = []
+    for arm in [a for a in ARMS if by_arm[a]] if original is not None else ():
+        lost = original_losses(by_arm[arm], original, tasks)
+        if lost is None:
+            lines.append(f"- {arm} vs the original: fewer than two seeds, so no spread to judge a loss by")
+            continue
+        said = "; ".join(f"{t} {m:.3f} ± {s:.3f} vs {o:.3f}" for t, m, s, o in lost)
+        lines.append(f"- {arm} vs the original: " + (f"lost beyond its seed spread on {said}" if lost else "no loss beyond its seed spread on any task"))
+    if not by_arm["stratified"]:
+        return [*lines, "- the stratified arm was not measured here: nothing to compare against"]
     for arm in [a for a in ARMS if a != "stratified" and by_arm[a]]:
         found = arm_differences(by_arm["stratified"], by_arm[arm], tasks)
         if found is None:
@@ -283,9 +321,9 @@ def summary(rows: list[dict], tasks: list[str]) -> list[str]:
             lines.append(f"- {arm} vs stratified: no difference beyond the seed spread on any task")
             continue
         parts = [
-            f"{task}: stratified better by {-diff:.3f} ({mine:.3f} vs {theirs:.3f})"
+            versus(task, "stratified", arm, mine, theirs, original)
             if diff < 0
-            else f"{task}: {arm} better by {diff:.3f} ({theirs:.3f} vs {mine:.3f})"
+            else versus(task, arm, "stratified", theirs, mine, original)
             for task, diff, mine, theirs in differing
         ]
         rest = (
@@ -328,9 +366,14 @@ def render(data: dict, expected_runs: dict | None = None, expected_originals: di
         "weighted, seed s), uniform random (seed s), text only (the arithmetic records), image captions "
         "only (what llm-compressor's examples calibrate on). Every checkpoint and the original are scored "
         "on the same held-out items. Score: mean ± spread (max - min) over seeds, n seeds. A difference "
-        "counts when two arms' means differ by more than the larger of their spreads.",
+        "counts when two arms' means differ by more than the larger of their spreads; an arm loses "
+        "against the original where its mean lies below the original's score by more than its spread "
+        f"(both beyond a tolerance of {TOLERANCE:g}: scores are multiples of 1/items). A better arm "
+        "whose mean is above the original's is marked so: quantization does not improve on the model, "
+        "so that difference is item noise.",
         "",
     ]
+    tally = {"cells": dict.fromkeys(ARMS, 0), "lost": dict.fromkeys(ARMS, 0), "compared": 0, "found": 0, "above": 0}
     if not runs:
         return "\n".join([*lines, "No rows yet: run `python bench/skills_experiment.py --model DIR`."])
     groups: dict[tuple, list[tuple[str, dict]]] = {}
@@ -375,10 +418,47 @@ def render(data: dict, expected_runs: dict | None = None, expected_originals: di
         lines += [
             f"In plain words ({recipe}, {size} samples):",
             "",
-            *summary(rows, [t.name for t in TASKS]),
+            *summary(rows, [t.name for t in TASKS], original),
             "",
         ]
+        count(tally, rows, [t.name for t in TASKS], original)
+    lines.append(overall(tally, len(groups)))
+    if data.get("history"):
+        lines += ["", f"Hand-written note kept in the results file (`history`; not a measurement): {data['history']}"]
     return "\n".join(lines)
+
+
+def count(tally: dict, rows: list[dict], tasks: list[str], original: dict | None) -> None:
+    """Add one table's losses against the original and arm-vs-stratified differences to ``tally``."""
+    by_arm = {a: [r for r in rows if r["arm"] == a] for a in ARMS}
+    for arm, mine in by_arm.items():
+        lost = original_losses(mine, original, tasks) if mine else None
+        if lost is not None:
+            tally["cells"][arm] += len(tasks)
+            tally["lost"][arm] += len(lost)
+    for arm in [a for a in ARMS if a != "stratified" and by_arm[a]]:
+        found = arm_differences(by_arm["stratified"], by_arm[arm], tasks) if by_arm["stratified"] else None
+        if found is None:
+            continue
+        tally["compared"] += len(tasks)
+        tally["found"] += len(found[0])
+        if original is not None:
+            tally["above"] += sum(max(a, b) > original["scores"][t] + TOLERANCE for t, _, a, b in found[0])
+
+
+def overall(tally: dict, tables: int) -> str:
+    """The paragraph over every table: losses against the original, differences between arms."""
+    judged = [a for a in ARMS if tally["cells"][a]]
+    losses = "; ".join(f"{a} {tally['lost'][a]} of {tally['cells'][a]}" for a in judged)
+    return (
+        f"Over all {tables} tables (recipe x size): (recipe, size, task) cells where an arm lost against "
+        "the original beyond its seed spread: "
+        + (losses if judged else "none judged (no original, or fewer than two seeds)")
+        + f". Differences from stratified beyond the seed spread: {tally['found']} of {tally['compared']} "
+        "(arm, recipe, size, task) comparisons"
+        + (f", {tally['above']} of them with the better arm above the original (item noise)" if tally["found"] else "")
+        + "."
+    )
 
 
 # ---------------------------------------------------------------------- main

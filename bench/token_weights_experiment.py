@@ -9,15 +9,18 @@ shipped, and a harsher one vLLM still serves (symmetric int4, no zero points, 10
 fewest that cover the pool's 10 strata). Every arm of a setting and seed calibrates on the same
 drawn samples (the stratified set of bench/skills_experiment.py's pool, with its task labels), then
 is scored with ``quantkit.eval.skills.score_model`` on the same held-out items as the original
-(paired). A task is judged only where the original scores at least ``JUDGED_AT`` (measured, not
-typed in: see ``judged_tasks``).
+(paired). A task is judged only where the original's score clears the task's chance level (the
+best score of an answer that ignores the input, derived from quantkit/zoo/skills_tasks.py's task
+definitions: ``chance_level``) by ``JUDGED_SD`` binomial standard errors over the held-out items
+and by at least ``JUDGED_ITEMS`` items (see ``judged_tasks``).
 
     python bench/token_weights_experiment.py --model DIR --work /tmp/tw-exp \
         --settings w4a16,w4a16-sym-10 --seeds 0,1,2 --items 24 --write-results bench/RESULTS.md
 
 The tiny-omni-skills part keeps its rows in ``--results`` (default bench/token_weights_skills.json,
 in the repository; a file of its own, not a section of bench/token_weights.json, so that the two
-parts can run at once without one process's write dropping the other's rows): the plan last asked
+parts can measure at once without one process's write dropping the other's rows; their RESULTS.md
+renderings must not be written at the same moment: see ``write_part``): the plan last asked
 for, the original's scores and one row per run (its scores, the digests of its quantized tensors,
 what its quantkit.json recorded). Rows are keyed as bench/skills_experiment.py keys its rows
 (its ``model_identity``: a hash of the model folder's weights and tokenizer files with the zoo
@@ -50,8 +53,10 @@ plan and rows and measures nothing.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
+import math
 import statistics
 import sys
 import time
@@ -80,10 +85,15 @@ SETTINGS: dict[str, tuple[dict, int]] = {
     "w4a16": ({}, 32),
     "w4a16-sym-10": ({"symmetric": True}, 10),
 }
-# A task is judged where the original scores at least this on the held-out items: below it the
-# original answers fewer than one item in ten, so a quantized checkpoint has next to nothing to
-# lose there and no arm can show a difference.
-JUDGED_AT = 0.1
+# A task is judged where the original's score clears the task's chance level c (``chance_level``:
+# what an answer that ignores the input scores) by JUDGED_SD binomial standard errors over the n
+# held-out items, sqrt(c (1 - c) / n), and by at least JUDGED_ITEMS items: nearer chance, a
+# quantized checkpoint has next to nothing to lose and no arm can show a difference.
+JUDGED_SD = 2.0
+JUDGED_ITEMS = 2
+# Scores are multiples of 1/items: two figures closer than this are equal (float rounding decides
+# no comparison).
+TOLERANCE = 1e-9
 # The issue's precision tasks (OCR, Markdown, grounding, temporal grounding), by taxonomy family.
 PRECISION_FAMILIES = ("ocr", "ocr_markdown", "visual_grounding", "temporal_grounding")
 QUANTIZED = ("weight_packed", "weight_scale")  # the tensors compared with plain's checkpoint
@@ -217,13 +227,115 @@ def cell(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), max(values) - min(values)
 
 
-def judged_tasks(original: dict | None) -> list[str]:
-    """The tasks the original answers well enough to lose something: score >= ``JUDGED_AT``."""
+def answer_distribution(task: str) -> dict[str, float] | None:
+    """The probability of each reference answer of ``task``, enumerated from how
+    quantkit/zoo/skills_tasks.py draws its items (None for a task not enumerated here)."""
+    import itertools
+    import math
+
+    from quantkit.zoo import skills_tasks as st
+
+    def uniform(answers) -> dict[str, float]:
+        answers = list(answers)
+        return dict.fromkeys(answers, 1 / len(answers))
+
+    digits = "0123456789"
+    if task == "ocr_digits":  # three digits, each uniform
+        return uniform("".join(d) for d in itertools.product(digits, repeat=3))
+    if task == "ocr_table":  # four digits, each uniform
+        return uniform(f"| {a} | {b} |\n| --- | --- |\n| {c} | {d} |" for a, b, c, d in itertools.product(digits, repeat=4))
+    if task == "grounding":  # the target lies in one of the 3 x 3 cells of 56 pixels, each equally likely
+        return uniform(f"[{56 * (c % 3) + 7}, {56 * (c // 3) + 7}, {56 * (c % 3) + 49}, {56 * (c // 3) + 49}]" for c in range(9))
+    if task == "caption":
+        return uniform(f"a {c} {s}" for c in st.COLOURS for s in st.SHAPES)
+    if task == "video_caption":
+        return uniform(st.COLOURS)
+    if task == "temporal_grounding":  # 3 s: start uniform in 0..2, end uniform in start+1..3
+        return {f"{a} to {b}": (1 / 3) / (3 - a) for a in range(3) for b in range(a + 1, 4)}
+    if task == "asr":  # 2 or 3 different tone words, either count equally likely
+        words = list(st.TONE_WORDS)
+        return {
+            " ".join(w): 0.5 / math.perm(len(words), k) for k in (2, 3) for w in itertools.permutations(words, k)
+        }
+    if task == "speaker_count":
+        return uniform(["1", "2", "3"])
+    if task == "audio_image_qa":  # the colour said matches the one shown half the time
+        return uniform(["yes", "no"])
+    if task == "arithmetic":  # a + b, a and b uniform digits
+        out: dict[str, float] = {}
+        for a, b in itertools.product(range(10), repeat=2):
+            out[str(a + b)] = out.get(str(a + b), 0) + 1 / 100
+        return out
+    return None
+
+
+@functools.cache
+def chance_level(task: str) -> tuple[float, str] | None:
+    """The best mean score of one constant answer over ``task``'s answer distribution, scored by the
+    task's own metric, with that answer: what a model that ignores the input can score. None for a
+    task whose answers are not enumerated here."""
+    from quantkit.eval.skills import SCORERS
+    from quantkit.zoo.skills_tasks import TASKS_BY_NAME
+
+    answers = answer_distribution(task)
+    if answers is None:
+        return None
+    metric = TASKS_BY_NAME[task].metric
+    if metric == "exact":  # a constant scores the probability of its own answer
+        best = max(answers, key=answers.get)
+        return answers[best], best
+    candidates = set(answers)
+    if metric == "wer":  # shorter constants too: one word, two words
+        candidates |= {" ".join(a.split()[:k]) for a in answers for k in (1, 2)}
+    scored = {c: sum(p * SCORERS[metric](c, a) for a, p in answers.items()) for c in sorted(candidates)}
+    best = max(scored, key=scored.get)
+    return scored[best], best
+
+
+def judged_threshold(task: str, items: int) -> float | None:
+    """The score the original must reach on ``items`` held-out items for ``task`` to be judged:
+    chance + max(JUDGED_SD standard errors, JUDGED_ITEMS items). None without a chance level."""
+    level = chance_level(task)
+    if level is None:
+        return None
+    chance = level[0]
+    return chance + max(JUDGED_SD * math.sqrt(chance * (1 - chance) / items), JUDGED_ITEMS / items)
+
+
+def judged_tasks(original: dict | None, items: int | None = None) -> list[str]:
+    """The tasks the original answers clearly above chance (``judged_threshold``) on its held-out
+    items (``items``, default the original row's own count)."""
     from quantkit.zoo.skills_tasks import TASKS
 
     if original is None:
         return []
-    return [t.name for t in TASKS if original["scores"][t.name] >= JUDGED_AT]
+    items = items or original["items"]
+    out = []
+    for t in TASKS:
+        threshold = judged_threshold(t.name, items)
+        if threshold is not None and original["scores"][t.name] >= threshold - TOLERANCE:
+            out.append(t.name)
+    return out
+
+
+def unmoved_tasks(original: dict | None, runs: list[dict], tasks: list[str]) -> list[str]:
+    """Those of ``tasks`` where every run's checkpoint scores as the original: nothing to judge."""
+    if original is None or not runs:
+        return []
+    return [
+        t for t in tasks if all(abs(r["scores"][t] - original["scores"][t]) <= TOLERANCE for r in runs)
+    ]
+
+
+def original_losses(original: dict, rows: list[dict], tasks: list[str]) -> list[str]:
+    """The tasks where ``rows``' mean lies below the original's score by more than their seed spread
+    (beyond TOLERANCE), each with the mean, spread and original."""
+    out = []
+    for task in tasks:
+        mean, spread = cell([r["scores"][task] for r in rows])
+        if original["scores"][task] - mean > spread + TOLERANCE:
+            out.append(f"{task} {mean:.3f} ± {spread:.3f} vs original {original['scores'][task]:.3f}")
+    return out
 
 
 def against_plain(runs: list[dict], run: dict) -> dict[str, list[int]] | None:
@@ -245,7 +357,7 @@ def against_plain(runs: list[dict], run: dict) -> dict[str, list[int]] | None:
 
 def differences(setting: str, runs: list[dict], tasks: list[str]) -> dict[str, tuple[list[str], list[str]]]:
     """Each arm against plain on ``tasks``: (better, worse) task lists, a difference counting when
-    the means differ by more than the larger of the two seed spreads."""
+    the means differ by more than the larger of the two seed spreads (beyond TOLERANCE)."""
     mine = [r for r in runs if r["setting"] == setting]
     out = {}
     for arm in [a for a in ARMS if a != "plain" and any(r["arm"] == a for r in mine)]:
@@ -254,7 +366,7 @@ def differences(setting: str, runs: list[dict], tasks: list[str]) -> dict[str, t
             plain = cell([r["scores"][task] for r in mine if r["arm"] == "plain"])
             other = cell([r["scores"][task] for r in mine if r["arm"] == arm])
             diff = other[0] - plain[0]
-            if abs(diff) > max(plain[1], other[1]):
+            if abs(diff) > max(plain[1], other[1]) + TOLERANCE:
                 (better if diff > 0 else worse).append(f"{task} {diff:+.3f}")
         out[arm] = (better, worse)
     return out
@@ -272,7 +384,40 @@ def words(names: list[str]) -> str:
     return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
 
 
-def intro(plan: dict, identity: dict, original: dict | None, runs: list[dict]) -> str:
+def shown_path(path: Path) -> str:
+    """``path`` relative to the repository when inside it, else as given."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def judged_rule(items: int) -> str:
+    """The judged rule in words, from the constants, with each task's chance level and threshold."""
+    from quantkit.zoo.skills_tasks import TASKS
+
+    levels = []
+    for t in TASKS:
+        level = chance_level(t.name)
+        levels.append(
+            f"{t.name} not derived"
+            if level is None
+            else f"{t.name} {level[0]:.3f} (`{level[1]}`{', ' + t.metric if t.metric != 'exact' else ''}) "
+            f"-> {judged_threshold(t.name, items):.3f}"
+        )
+    return (
+        "A task is judged only where the original's score reaches its chance level c (the best mean "
+        "score of one constant answer, over the answers quantkit/zoo/skills_tasks.py draws: what a "
+        f"model ignoring the input scores) plus the larger of {JUDGED_SD:g} binomial standard errors "
+        f"over the {items} items, {JUDGED_SD:g}·sqrt(c(1 - c)/{items}), and {JUDGED_ITEMS} items "
+        f"({JUDGED_ITEMS}/{items} = {JUDGED_ITEMS / items:.3f}); a judged task where every checkpoint "
+        "of every run scores as the original shows no movement and has nothing to judge. Chance levels "
+        "(the constant answer, the metric where not exact match) -> the score the original must reach: "
+        + "; ".join(levels).replace("\n", " ")
+        + " (temporal_grounding: 3 s, start uniform in 0-2 s, end uniform after it; the best constant span's "
+        "mean tIoU; grounding: one of the nine 56-pixel cells, each equally likely to hold the target)"
+    )
+
+
+def intro(plan: dict, identity: dict, original: dict | None, runs: list[dict], results: Path = SKILLS_RESULTS) -> str:
     """The paragraph before the tables, from the plan, the model's identity and the rows."""
     arms = "; ".join(
         f"**{arm}** ("
@@ -300,17 +445,18 @@ def intro(plan: dict, identity: dict, original: dict | None, runs: list[dict]) -
         f"measured by {original['provenance']['commit']}" if original else "not measured at this code"
     )
     return (
-        f"Rendered by bench/token_weights_experiment.py from bench/token_weights_skills.json. Model: "
+        f"Rendered by bench/token_weights_experiment.py from {shown_path(results)}. Model: "
         f"tiny-omni-skills {identity['hash']} (a hash of its weights and tokenizer files{record}); its "
         f"original scores {made}. Calibration pool: bench/skills_experiment.py's skills pool, "
         f"{plan['pool_per_task']} records a task (`quantkit demo-pool --skills --per-task "
         f"{plan['pool_per_task']}`). Arms, every one on the same stratified calibration samples per "
         f"seed (`quantkit calibrate --size N --seed S`; {same}): {arms}. Settings: {settings}. Every "
         f"checkpoint and the original are scored on the same {plan['items']} held-out items a task; "
-        "mean ± spread (max - min) over seeds. A task is judged only where the original scores at "
-        f"least {JUDGED_AT:g} (below that it answers fewer than one item in ten, so a quantized "
-        "checkpoint has next to nothing to lose); a difference from plain counts only where the means "
-        "differ by more than the larger of the two seed spreads. Rows are keyed by the model's identity, "
+        f"mean ± spread (max - min) over seeds. {judged_rule(plan['items'])}. A difference from plain "
+        "counts only where the means differ by more than the larger of the two seed spreads; a loss "
+        "against the original counts where an arm's mean lies below the original's score by more than "
+        f"the arm's seed spread (both tests beyond a tolerance of {TOLERANCE:g}: scores are multiples of "
+        f"1/{plan['items']}). Rows are keyed by the model's identity, "
         "the quantkit modules the run imported, the measuring code, the recipe and the settings "
         "(bench/skills_experiment.py's keys), and shown with figures only while their key matches; "
         '"made by": the commits that measured them. Command: `python bench/token_weights_experiment.py '
@@ -321,16 +467,22 @@ def intro(plan: dict, identity: dict, original: dict | None, runs: list[dict]) -
 
 
 def render(
-    plan: dict, identity: dict, original: dict | None, runs: list[dict], pending: list[dict] = ()
+    plan: dict,
+    identity: dict,
+    original: dict | None,
+    runs: list[dict],
+    pending: list[dict] = (),
+    results: Path = SKILLS_RESULTS,
 ) -> str:
     """The tiny-omni-skills part from the current rows ``runs`` and the current original row (None
     when it is not measured at this code) over ``plan``; ``pending``: the planned runs without a
     current row (missing, or stale: made by another model or other code), shown without figures."""
     from quantkit.zoo.skills_tasks import TASKS
 
-    judged = judged_tasks(original)
-    lines = [intro(plan, identity, original, runs), ""]
-    better_any, worse_any, settled, plain_loses = [], [], [], []
+    judged = judged_tasks(original, plan["items"])
+    unmoved = unmoved_tasks(original, runs, judged)
+    lines = [intro(plan, identity, original, runs, results), ""]
+    better_any, worse_any, settled, plain_loses, arm_loses = [], [], [], [], []
     for setting in [s for s in SETTINGS if s in plan["settings"]]:
         mine = [r for r in runs if r["setting"] == setting]
         arms = [a for a in ARMS if a in plan["arms"]]
@@ -354,12 +506,17 @@ def render(
                 else:
                     cells.append("not measured")
             first = f"{original['scores'][task.name]:.3f}" if original else "not measured"
+            threshold = judged_threshold(task.name, plan["items"])
             mark = (
-                ""
-                if task.name in judged
-                else f" (original below {JUDGED_AT:g}: not judged)"
-                if original
-                else " (original not measured: not judged)"
+                " (original not measured: not judged)"
+                if not original
+                else " (no chance level derived: not judged)"
+                if threshold is None
+                else f" (chance {chance_level(task.name)[0]:.3f}, original below {threshold:.3f}: not judged)"
+                if task.name not in judged
+                else " (no movement: nothing to judge)"
+                if task.name in unmoved
+                else ""
             )
             lines.append(f"| {task.group} | {task.name}{mark} | {first} | " + " | ".join(cells) + " |")
         commits = sorted({r["provenance"]["commit"] for r in mine} | ({original["provenance"]["commit"]} if original else set()))
@@ -388,10 +545,17 @@ def render(
             lines += [f"- {setting}: fewer than two seeds of plain, or no judged task: nothing judged", ""]
             continue
         settled.append(setting)
-        for task in judged:  # is there a loss for a weighting to recover?
-            plain = [r["scores"][task] for r in mine if r["arm"] == "plain"]
-            if original["scores"][task] - cell(plain)[0] > cell(plain)[1] + 1e-9:
-                plain_loses.append(f"{task} ({setting})")
+        for arm in arms:  # is there a loss against the original (for a weighting to recover)?
+            rows = [r for r in mine if r["arm"] == arm]
+            if len({r["seed"] for r in rows}) < 2:
+                continue
+            lost = original_losses(original, rows, judged)
+            (plain_loses if arm == "plain" else arm_loses).extend(
+                f"{task} ({setting})" if arm == "plain" else f"{arm} on {task} ({setting})" for task in lost
+            )
+            lines.append(
+                f"- {setting}, {arm} against the original beyond its seed spread: lost on {'; '.join(lost) or 'no judged task'}"
+            )
         for arm, (better, worse) in differences(setting, mine, judged).items():
             if len({r["seed"] for r in mine if r["arm"] == arm}) < 2:
                 lines.append(f"- {setting}, {arm}: fewer than two seeds: not judged")
@@ -403,16 +567,20 @@ def render(
                 f"{', '.join(better) or 'no task'}; worse on {', '.join(worse) or 'no task'}"
             )
         lines.append("")
-    lines.append(closing(original, runs, pending, judged, settled, better_any, worse_any, plain_loses))
+    lines.append(
+        closing(original, runs, pending, judged, settled, better_any, worse_any, plain_loses, arm_loses, unmoved)
+    )
     return "\n".join(lines)
 
 
-def closing(original, runs, pending, judged, settled, better_any, worse_any, plain_loses) -> str:
+def closing(original, runs, pending, judged, settled, better_any, worse_any, plain_loses, arm_loses=(), unmoved=()) -> str:
     """The paragraph after the tables: every statement computed from the rows."""
     from quantkit.zoo.skills_tasks import TASKS
 
     precision = [t.name for t in TASKS if t.family in PRECISION_FAMILIES]
-    tested = [t for t in precision if t in judged]
+    tested = [t for t in precision if t in judged and t not in unmoved]
+    still = [t for t in precision if t in unmoved]
+    below = [t for t in precision if t not in judged]
     out = []
     if pending:
         out.append(
@@ -424,16 +592,24 @@ def closing(original, runs, pending, judged, settled, better_any, worse_any, pla
         out.append("The original's scores are not measured at this code, so no task is judged.")
     else:
         left = [t.name for t in TASKS if t.name not in judged]
+        moved = [t for t in judged if t not in unmoved]
         out.append(
-            f"Judged (original at least {JUDGED_AT:g}): {words(judged) or 'no task'}"
-            + (f"; not judged: {words(left)}." if left else ".")
+            f"Judged (original clearly above chance) with movement: {words(moved) or 'no task'}"
+            + (f"; judged but no movement (every checkpoint of every run scores as the original): "
+               f"{words(list(unmoved))}, nothing to judge" if unmoved else "")
+            + (f"; not judged (original not clearly above chance): {words(left)}." if left else ".")
         )
         out.append(
-            f"Of the issue's precision tasks ({words(precision)}), {words(tested)} "
-            f"{'is' if len(tested) == 1 else 'are'} judged here."
-            if tested
-            else f"None of the issue's precision tasks ({words(precision)}) is judged here, so its "
-            "goal (precision tasks gaining beyond the seed spread) cannot be tested on this model."
+            (
+                f"Of the issue's precision tasks ({words(precision)}), {words(tested)} "
+                f"{'is' if len(tested) == 1 else 'are'} judged here"
+                if tested
+                else f"None of the issue's precision tasks ({words(precision)}) is judged with movement "
+                "here, so its goal (precision tasks gaining beyond the seed spread) cannot be tested on this model"
+            )
+            + (f"; {words(still)} did not move in any run (nothing to judge)" if still and tested else "")
+            + (f"; {words(below)} not judged (original not clearly above chance)" if below and tested else "")
+            + "."
         )
     if not settled:
         out.append("No setting has two seeds of plain and a judged task: nothing is judged.")
@@ -449,7 +625,16 @@ def closing(original, runs, pending, judged, settled, better_any, worse_any, pla
             else "But plain GPTQ loses nothing beyond its seed spread on any judged task here, so there "
             "was no loss for a weighting to recover: the experiment is inconclusive there."
         )
-        out.append(f"Worse than plain: {'; '.join(worse_any)}." if worse_any else "No judged task got worse.")
+        out.append(
+            f"Worse than plain beyond the seed spread: {'; '.join(worse_any)}."
+            if worse_any
+            else "No arm was worse than plain beyond the seed spread on any judged task."
+        )
+        out.append(
+            f"Against the original, the other arms lost beyond their seed spread on: {'; '.join(arm_loses)}."
+            if arm_loses
+            else "No other arm lost against the original beyond its seed spread on any judged task."
+        )
     out.append(
         "The built-in recipes ship with token_weights absent (off) and weight_observer unset "
         "(the library's memoryless_minmax)."
@@ -465,6 +650,13 @@ def closing(original, runs, pending, judged, settled, better_any, worse_any, pla
         observed = sum(r["recorded_weight_observer"] == "imatrix_mse" for r in imatrix)
         out.append(f"{observed} of {len(imatrix)} imatrix runs recorded weight_observer: imatrix_mse in quantkit.json.")
     return " ".join(out)
+
+
+def note(data: dict) -> str:
+    """The results file's ``history`` (free text someone wrote into it), labelled as such."""
+    if not data.get("history"):
+        return ""
+    return "\n\nHand-written note kept in the results file (`history`; not a measurement): " + data["history"]
 
 
 def skills_main(args) -> str:
@@ -521,8 +713,7 @@ def skills_main(args) -> str:
                 se.save(args.results, data)
                 runs.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k not in ("sample_ids", "tensors", "provenance")}), flush=True)
-    text = render(plan, identity, original, runs, pending)
-    return text + ("\n\n" + data["history"] if data.get("history") else "")
+    return render(plan, identity, original, runs, pending, args.results) + note(data)
 
 
 # ---------------------------------------------------------------------- SmolLM2-135M (real weights)
@@ -860,8 +1051,7 @@ def smol_main(args) -> str:
                 write_file_atomic(args.results, json.dumps(saved, indent=1) + "\n")
                 runs.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k not in ("sample_ids", "provenance")}), flush=True)
-    text = smol_render(runs, plan, pending)
-    return text + ("\n\n" + saved["history"] if saved.get("history") else "")
+    return smol_render(runs, plan, pending) + note(saved)
 
 
 def smol_state() -> dict:
@@ -882,7 +1072,9 @@ SMOL_PENDING = (
 
 def write_part(results: Path, text: str, *, smol: bool) -> None:
     """Replace one part of the RESULTS.md section (tiny-omni-skills, or SmolLM2's subsection)
-    and keep the other."""
+    and keep the other. This reads, edits and writes RESULTS.md without a lock: the two parts may
+    measure at the same time (their rows are in separate JSON files), but they must not render
+    into RESULTS.md at the same moment, or the later write drops the other's new text."""
     from _shared import read_section, replace_section
 
     tiny, _, rest = (read_section(results, SECTION) or "").partition(SMOL_SECTION)

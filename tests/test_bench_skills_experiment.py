@@ -72,6 +72,32 @@ def test_summary_names_the_better_arm_and_by_how_much_beyond_the_spread():
     assert f"{task}: uniform better by {diff:.3f}" in line
 
 
+def test_an_arm_above_the_original_is_labelled_and_losses_against_it_reported():
+    task = TASK_NAMES[1]
+    data = fake_data({"stratified": [{task: 7 / 24}, {task: 6 / 24}], "uniform": [{task: 5 / 24}, {task: 5 / 24}]})
+    original = {"scores": dict.fromkeys(TASK_NAMES, 0.5) | {task: 6 / 24}}
+    lines = se.summary(list(data["runs"].values()), TASK_NAMES, original)
+    assert f"- uniform vs the original: lost beyond its seed spread on {task} {5 / 24:.3f} ± 0.000 vs {6 / 24:.3f}" in lines
+    assert "- stratified vs the original: no loss beyond its seed spread on any task" in lines
+    (versus,) = [line for line in lines if line.startswith("- uniform vs stratified")]
+    mean = statistics.mean([7 / 24, 6 / 24])
+    assert f"{task}: stratified {mean:.3f} vs uniform {5 / 24:.3f}, original {6 / 24:.3f} (stratified above the original: item noise" in versus
+    tally = {"cells": dict.fromkeys(se.ARMS, 0), "lost": dict.fromkeys(se.ARMS, 0), "compared": 0, "found": 0, "above": 0}
+    se.count(tally, list(data["runs"].values()), TASK_NAMES, original)
+    text = se.overall(tally, 1)
+    assert f"stratified 0 of {len(TASK_NAMES)}; uniform 1 of {len(TASK_NAMES)}" in text
+    assert f"1 of {len(TASK_NAMES)} (arm, recipe, size, task) comparisons, 1 of them with the better arm above the original" in text
+
+
+def test_a_tie_at_the_spread_is_no_difference_whatever_the_float_rounding():
+    task = TASK_NAMES[0]
+    stratified, uniform = [0 / 24, 1 / 24], [1 / 24, 2 / 24]  # means 1/24 apart, spreads 1/24
+    assert statistics.mean(uniform) - statistics.mean(stratified) > 1 / 24 - 0 / 24  # float rounding
+    data = fake_data({"stratified": [{task: v} for v in stratified], "uniform": [{task: v} for v in uniform]})
+    (line,) = se.summary(list(data["runs"].values()), TASK_NAMES)
+    assert line == "- uniform vs stratified: no difference beyond the seed spread on any task"
+
+
 def test_a_difference_within_the_larger_spread_is_no_difference():
     task = TASK_NAMES[0]
     # means differ by 0.05, stratified's spread is 0.2: within it
@@ -109,7 +135,10 @@ def test_render_one_table_per_recipe_and_size_from_the_rows_only():
     mean, spread = statistics.mean([0.9, 0.8]), 0.9 - 0.8
     assert f"| {TASKS[0].group} | {task} | 1.000 | {mean:.3f} ± {spread:.3f} (n=2) |" in first
     assert f"made by {STATE['commit']}." in first and "stale" not in text
-    assert "In plain words (w4a16, 32 samples):" in first and f"{task}: stratified better by" in first
+    assert "In plain words (w4a16, 32 samples):" in first
+    assert f"{task}: stratified {mean:.3f} vs uniform 0.550, original 1.000 (stratified better by 0.300)" in first
+    assert "- uniform vs the original: lost beyond its seed spread on" in first
+    assert "Over all 3 tables (recipe x size):" in text
     # the 128 table has no uniform arm and says so by its columns
     assert "| group | task | original | stratified | captions-only |" in text.split("### ")[2]
     assert "No rows yet" in se.render({"original": {}, "runs": {}})

@@ -243,24 +243,83 @@ def stored(path: Path, original: dict, runs: list[dict], identity: dict) -> dict
     return data
 
 
-def test_judged_tasks_are_those_the_original_scores_at_least_the_threshold():
-    """The rule replaces a typed-in list: judged where the original scores >= JUDGED_AT."""
+def test_judged_tasks_are_those_the_original_scores_clearly_above_chance():
+    """The rule replaces a typed-in list: judged where the original clears the task's chance level
+    by JUDGED_SD standard errors and JUDGED_ITEMS items; grounding at its chance (one of nine
+    cells) is not judged."""
     from quantkit.zoo.skills_tasks import TASKS
 
-    low, high = tw.JUDGED_AT / 2, tw.JUDGED_AT
-    original = {"scores": task_scores(1.0, ocr_table=low, asr=0.0, grounding=high)}
+    items = PLAN["items"]
+    assert tw.chance_level("grounding")[0] == pytest.approx(1 / 9)
+    assert tw.chance_level("ocr_digits")[0] == pytest.approx(1e-3)
+    threshold = tw.judged_threshold("ocr_table", items)
+    original = {
+        "items": items,
+        "scores": task_scores(1.0, ocr_table=threshold - 1 / items, asr=0.0, grounding=1 / 9, caption=tw.judged_threshold("caption", items)),
+    }
     judged = tw.judged_tasks(original)
-    assert judged == [t.name for t in TASKS if t.name not in ("ocr_table", "asr")]
-    assert "grounding" in judged  # the threshold itself is judged
+    assert judged == [t.name for t in TASKS if t.name not in ("ocr_table", "asr", "grounding")]
+    assert "caption" in judged  # the threshold itself is judged
     assert tw.judged_tasks(None) == []  # no current original: nothing judged
     identity = {"hash": "h" * 16, "record": None}
     original["provenance"] = {"commit": "abc1234"}
     text = tw.render(PLAN, identity, original, [])
-    assert f"ocr_table (original below {tw.JUDGED_AT:g}: not judged)" in text
-    assert "| grounding |" in text and "| caption |" in text  # judged rows carry no mark
-    assert "not judged: ocr_table and asr." in text
-    assert "ocr_digits, grounding and temporal_grounding are judged here" in text
-    assert "3,000" not in text and "steps" not in text
+    grounding = tw.judged_threshold("grounding", items)
+    assert f"grounding (chance {1 / 9:.3f}, original below {grounding:.3f}: not judged)" in text
+    assert "| caption |" in text  # judged rows carry no mark
+    assert "not judged (original not clearly above chance): ocr_table, grounding and asr." in text
+    assert f"{tw.JUDGED_SD:g}·sqrt(c(1 - c)/{items})" in text and f"{tw.JUDGED_ITEMS} items" in text
+    assert "one item in ten" not in text
+
+
+def test_chance_levels_match_the_task_generators():
+    """Each derived chance level is what its constant answer scores on items the task draws."""
+    from quantkit.eval.skills import SCORERS
+    from quantkit.zoo.skills_tasks import TASKS, make_items
+
+    n = 600
+    for task in TASKS:
+        chance, answer = tw.chance_level(task.name)
+        scores = [SCORERS[task.metric](answer, item.answer) for item in make_items(task.name, n, seed=4242)]
+        bound = 4 * max(chance * (1 - chance), 1 / n) ** 0.5 / n**0.5
+        assert abs(statistics.mean(scores) - chance) <= bound, task.name
+
+
+def test_unmoved_tasks_are_named_and_losses_against_the_original_reported():
+    """A judged task no checkpoint moves on is 'no movement: nothing to judge', not tested; an arm
+    below the original by more than its spread is a loss, reported beside plain's."""
+    identity = {"hash": "h" * 16, "record": None}
+    original = {"items": 24, "scores": task_scores(1.0, ocr_table=0.25), "provenance": {"commit": "abc1234"}}
+    state = tw.skills_state()
+    rows = [skills_row("w4a16", "plain", s, task_scores(1.0, ocr_table=v), identity, state) for s, v in ((0, 0.25), (1, 0.208))]
+    rows += [skills_row("w4a16", "imatrix", s, task_scores(1.0, ocr_table=5 / 24), identity, state) for s in (0, 1)]
+    text = tw.render(PLAN, identity, original, rows)
+    assert "ocr_digits (no movement: nothing to judge)" in text and "| image | ocr_table |" in text
+    assert "Of the issue's precision tasks (ocr_digits, ocr_table, grounding and temporal_grounding), ocr_table is judged here" in text
+    assert "- w4a16, plain against the original beyond its seed spread: lost on no judged task" in text
+    assert "imatrix on ocr_table 0.208 ± 0.000 vs original 0.250 (w4a16)" in text
+    assert "No arm was worse than plain beyond the seed spread on any judged task." in text
+
+
+def test_a_tie_at_the_spread_is_within_it_whatever_the_float_rounding():
+    """Means that differ by exactly the spread (multiples of 1/items) are no difference, even when
+    float arithmetic puts the difference a hair above it."""
+    plain, imatrix = (0 / 24, 1 / 24), (1 / 24, 2 / 24)  # means 1/24 apart, spreads 1/24
+    runs = [
+        {"setting": "w4a16", "arm": arm, "seed": s, "scores": {"ocr_table": v}}
+        for arm, values in (("plain", plain), ("imatrix", imatrix))
+        for s, v in enumerate(values)
+    ]
+    mean_gap = statistics.mean(imatrix) - statistics.mean(plain)
+    assert mean_gap > max(plain[1] - plain[0], imatrix[1] - imatrix[0])  # float rounding alone would call it one
+    assert tw.differences("w4a16", runs, ["ocr_table"]) == {"imatrix": ([], [])}
+
+
+def test_the_intro_names_the_results_file_it_was_rendered_from(tmp_path):
+    identity = {"hash": "h" * 16, "record": None}
+    assert "from bench/token_weights_skills.json." in tw.intro(PLAN, identity, None, [])
+    assert f"from {tmp_path / 'rows.json'}." in tw.intro(PLAN, identity, None, [], tmp_path / "rows.json")
+    assert tw.note({"history": "old tables"}).endswith("(`history`; not a measurement): old tables")
 
 
 def test_rows_of_another_model_or_other_code_are_not_current(tmp_path, capsys):
@@ -334,7 +393,8 @@ def test_current_rows_are_reused_and_judged_not_measured(tmp_path, capsys):
     after = json.loads(results.read_text())
     assert after["runs"] == data["runs"] and after["original"] == data["original"] and list(work.iterdir()) == []
     assert "- w4a16, imatrix against plain beyond the seed spread: better on no task; worse on caption -0.450" in text
-    assert "Worse than plain: imatrix on caption -0.450 (w4a16)." in text
+    assert "Worse than plain beyond the seed spread: imatrix on caption -0.450 (w4a16)." in text
+    assert "imatrix on caption 0.550 ± 0.100 vs original 1.000 (w4a16)" in text
     assert "2 of 2 imatrix runs recorded weight_observer: imatrix_mse" in text
     assert "model.safetensors" not in text and identity["hash"] in text
 
