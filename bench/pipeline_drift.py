@@ -561,7 +561,7 @@ def provenance(rows: list[dict], stale: list[dict], state: dict | None) -> str:
         text = (
             f"The {len(rows)} pair{'s' * (len(rows) > 1)} shown {'were' if len(rows) > 1 else 'was'} measured at "
             f"commit{'s' * (len(commits) > 1)} {', '.join(commits)} (each row names its own) and still "
-            "stand for the code as it is"
+            f"stand{'s' * (len(rows) == 1)} for the code as it is"
         )
     else:
         text = "No pair stands for the code as it is"
