@@ -641,7 +641,7 @@ def render(
                 f"| {judged} | {commits} |"
             )
     verdicts = [line.split(" | ")[7].split(" (")[0] for line in lines[4:]]
-    unjudged = verdicts.count("n/a")
+    unjudged, unpaired = verdicts.count("n/a"), verdicts.count("no baseline")
     worse = [" x ".join(line.split(" | ")[:3]).lstrip("| ") for line in lines[4:] if "**worse**" in line]
     differ = [
         f"{row['model']} x {row['recipe']}: "
@@ -660,8 +660,8 @@ def render(
         ]
     lines += [
         "",
-        f"{len(rows)} pairs, {len(verdicts)} groups, {unjudged} n/a (too few samples), "
-        f'{len(verdicts) - unjudged} judged (the "all" groups overlap the others): '
+        f"{len(rows)} pairs, {len(verdicts)} groups, {unjudged} n/a (too few samples), {unpaired} without a "
+        f'baseline, {len(verdicts) - unjudged - unpaired} judged (the "all" groups overlap the others): '
         + ", ".join(f"{verdicts.count(v)} {v.strip('*')}" for v in ("**worse**", "mixed", "same", "better"))
         + (f"; worse: {'; '.join(worse)}." if worse else "; none worse."),
     ]
