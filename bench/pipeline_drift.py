@@ -17,10 +17,17 @@ by more than t(0.975, n-1) standard errors of that difference (and top-1 likewis
 the other way, else "same"; "n/a" for a group of fewer than 3 samples (no spread to judge by).
 
 Run: nice -n 5 python bench/pipeline_drift.py [--models A,B] [--recipes X,Y] [--work DIR]
-     [--render-only]
-Measurements are cached per pair in WORK/results.json (keyed by both commits: a run at another
-commit measures again); the section
-"Pipeline drift (issue 16)" of bench/RESULTS.md is rendered from every cached pair.
+     [--pairs JSON] [--render-only] [--noise MODEL/RECIPE]
+Every measured pair is a row of ``--pairs`` (default bench/pipeline_drift.json, written atomically
+after each pair), stamped with the commit that made it and keyed the way bench/mixed_precision.py
+keys its rows (its ``provenance`` / ``code_state``): the quantkit modules the new side's processes
+imported (zoo build, calibrate, quantize, this checkout's drift; each records what it loaded) and
+the recipe files, the model and the recipe, the base commit, the settings, this script's measuring
+code and the library versions. A stored pair is reused only while its key matches; a pair made by
+other code is measured again. ``--render-only`` measures nothing: stored pairs whose key no longer
+matches are rendered as stale, without figures, and the pairs with no row as not measured at this
+code. ``--work`` holds only scratch (the base worktree, models, calibration sets, checkpoints). The
+section "Pipeline drift (issue 16)" of bench/RESULTS.md is rendered from the stored pairs.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _shared import ROOT, child_env, git_commit, replace_section, run_child, write_json  # noqa: E402
+from _shared import ROOT, child_env, replace_section, run_child, write_json  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 BASE = "c5e211f^"  # the whole-model (basic pipeline) calibration, before "towers once, decoder many"
@@ -45,22 +52,19 @@ TEXT_PER_TASK = 48  # demo-pool records per task for the text-only model's pool
 GREEDY_TOKENS = 1  # the greedy-prefix metric is not compared here; one token keeps drift cheap
 RESULTS = ROOT / "bench" / "RESULTS.md"
 MIN_SAMPLES = 3  # a group judged on fewer paired samples is "n/a": its standard error is 1 dof or none
-# Known changes on main after which the new side's checkpoints differ (rows measured before them
-# are said to predate them): (commit, what changed).
-LATER_CHANGES = (
-    (
-        "ec95551",
-        "capture runs the towers under llmcompressor's calibration context, eager attention: "
-        "the new side's checkpoints differ since",
-    ),
-)
+PAIRS = ROOT / "bench" / "pipeline_drift.json"
+
+
+def base_commit() -> str:
+    """BASE's short hash."""
+    return subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", BASE], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def base_worktree(work: Path) -> tuple[Path, str]:
     """A detached worktree of BASE under ``work`` (created once); (its path, its short hash)."""
-    commit = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", BASE], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    commit = base_commit()
     folder = work / f"code-{commit}"
     if not (folder / "quantkit").is_dir():
         subprocess.run(
@@ -77,13 +81,37 @@ class CliFailed(RuntimeError):
         self.command, self.code, self.returncode = command, code, returncode
 
 
+def sources_of(log: Path) -> Path:
+    """Where a run of this checkout's CLI logged to ``log`` records the quantkit files it loaded."""
+    return log.with_name(log.name + ".sources.json")
+
+
+def as_cli(sources: Path, args: list[str]) -> None:
+    """``python -m quantkit ARGS`` in this process, then the quantkit modules it imported and the
+    recipe files (``loaded_sources``) written to ``sources``, exit or not."""
+    import runpy
+
+    from _shared import loaded_sources
+
+    sys.argv = ["quantkit", *args]
+    try:
+        runpy.run_module("quantkit", run_name="__main__", alter_sys=True)
+    finally:
+        write_json(sources, loaded_sources())
+
+
 def cli(code: Path, *args: str, log: Path) -> float:
     """``python -m quantkit ARGS`` with ``code`` first on PYTHONPATH; the seconds it took. Its
-    output goes to ``log``; a failure raises ``CliFailed`` with the log's tail."""
+    output goes to ``log``; a failure raises ``CliFailed`` with the log's tail. This checkout's
+    CLI (``code`` is ROOT) records the files it loaded beside the log (``sources_of``)."""
     started = time.perf_counter()
+    command = [sys.executable, "-m", "quantkit", *args]
+    if code == ROOT:
+        sources_of(log).unlink(missing_ok=True)
+        command = [sys.executable, str(SCRIPT), "--as-cli", str(sources_of(log)), *args]
     with log.open("w", encoding="utf-8") as out:
         proc = subprocess.run(
-            [sys.executable, "-m", "quantkit", *args],
+            command,
             stdout=out,
             stderr=subprocess.STDOUT,
             env=child_env(code),
@@ -119,38 +147,52 @@ def takes_media(name: str) -> bool:
     return bool({**ZOO, **TRAINED}[name].modalities)
 
 
-def text_pool(work: Path) -> Path:
+def loaded(log: Path) -> set[str]:
+    """The files a finished run of this checkout's CLI logged to ``log`` loaded."""
+    return set(json.loads(sources_of(log).read_text(encoding="utf-8")))
+
+
+def built(made: Path, log: Path) -> bool:
+    """Whether ``made`` is there with the record of the files that made it (else: made again)."""
+    return made.is_file() and sources_of(log).is_file()
+
+
+def text_pool(work: Path, files: set[str]) -> Path:
     """The text records of a demo pool of TEXT_PER_TASK records per task (for text-only models:
     a held-out set is left after calibrating on NUM_SAMPLES)."""
     pool = work / "pool-text" / "pool.jsonl"
-    if not pool.is_file():
-        source = work / f"pool-{TEXT_PER_TASK}"
-        if not (source / "pool.jsonl").is_file():
+    source, log = work / f"pool-{TEXT_PER_TASK}", work / "logs" / "demo-pool-text.log"
+    if not built(pool, log):
+        if not built(source / "pool.jsonl", log):
             args = ["demo-pool", "--per-task", str(TEXT_PER_TASK), "--output", str(source), "--force"]
-            cli(ROOT, *args, log=work / "logs" / "demo-pool-text.log")
+            cli(ROOT, *args, log=log)
         rows = [json.loads(line) for line in (source / "pool.jsonl").read_text(encoding="utf-8").splitlines()]
         text = [row for row in rows if not (row.get("images") or row.get("videos") or row.get("audios"))]
-        from quantkit.fsutil import write_file_atomic
-
         pool.parent.mkdir(parents=True, exist_ok=True)
-        write_file_atomic(pool, "".join(json.dumps(row) + "\n" for row in text))
+        pool.write_text("".join(json.dumps(row) + "\n" for row in text), encoding="utf-8")
+    files.update(loaded(log))
     return pool
 
 
-def prepare_model(work: Path, name: str) -> tuple[Path, Path]:
-    """The zoo model and its calibration set (built by this checkout, once)."""
+def prepare_model(work: Path, name: str, files: set[str]) -> tuple[Path, Path]:
+    """The zoo model and its calibration set (built by this checkout, once); the files the runs
+    that built them loaded go into ``files``."""
     model = work / "models" / name
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    if not (model / "config.json").is_file():
-        cli(ROOT, "zoo", "build", name, "--output", str(model), "--force", log=logs / f"zoo-{name}.log")
-    pool = work / "pool" / "pool.jsonl"
-    if not pool.is_file():
-        cli(ROOT, "demo-pool", "--output", str(pool.parent), "--force", log=logs / "demo-pool.log")
-    if not takes_media(name):  # the demo pool holds 12 text records: a text-only pool of its own
-        pool = text_pool(work)
-    calib = work / "calib" / name
-    if not (calib / "report.json").is_file():
+    log = logs / f"zoo-{name}.log"
+    if not built(model / "config.json", log):
+        cli(ROOT, "zoo", "build", name, "--output", str(model), "--force", log=log)
+    files.update(loaded(log))
+    if takes_media(name):
+        pool, log = work / "pool" / "pool.jsonl", logs / "demo-pool.log"
+        if not built(pool, log):
+            cli(ROOT, "demo-pool", "--output", str(pool.parent), "--force", log=log)
+        files.update(loaded(log))
+    else:  # the demo pool holds 12 text records: a text-only pool of its own
+        pool = text_pool(work, files)
+    calib, log = work / "calib" / name, logs / f"calibrate-{name}.log"
+    if not built(calib / "report.json", log):
         cli(
             ROOT,
             "calibrate",
@@ -163,8 +205,9 @@ def prepare_model(work: Path, name: str) -> tuple[Path, Path]:
             str(calib),
             "--force",
             *([] if takes_media(name) else ["--allow-missing-tasks"]),  # text tasks only
-            log=logs / f"calibrate-{name}.log",
+            log=log,
         )
+    files.update(loaded(log))
     return model, calib
 
 
@@ -175,13 +218,19 @@ def checkpoint_dir(work: Path, tag: str, commit: str, model: str, recipe: str) -
 
 
 def quantize(
-    code: Path, tag: str, commit: str, work: Path, model: Path, calib: Path, recipe: str
+    code: Path, tag: str, commit: str, work: Path, model: Path, calib: Path, recipe: str, files: set[str]
 ) -> tuple[Path, float]:
+    """``quantize`` by ``code`` (seed 0); this checkout's loaded files go into ``files``, also when
+    it fails."""
     out = checkpoint_dir(work, tag, commit, model.name, recipe)
     log = work / "logs" / f"quantize-{tag}-{model.name}-{recipe}.log"
     args = ["quantize", str(model), "--recipe", recipe, "--calib", str(calib)]
     args += ["--num-samples", str(NUM_SAMPLES), "--seed", "0", "-o", str(out), "--force"]
-    return out, cli(code, *args, log=log)
+    try:
+        return out, cli(code, *args, log=log)
+    finally:
+        if code == ROOT and sources_of(log).is_file():
+            files.update(loaded(log))
 
 
 def child_drift(reference: str, calib: str, *checkpoints: str) -> dict:
@@ -229,23 +278,37 @@ def child_drift(reference: str, calib: str, *checkpoints: str) -> dict:
             ],
             "calibrated_on": len(_used_ids(Path(checkpoint))),
         }
-    return {"held_out_ids": ids, "excluded": len(exclude), "reports": reports, "kl_unrounded": True}
+    from _shared import loaded_sources
+
+    return {
+        "held_out_ids": ids,
+        "excluded": len(exclude),
+        "reports": reports,
+        "kl_unrounded": True,
+        "sources": loaded_sources(),
+    }
 
 
-def measure_pair(work: Path, base: Path, base_commit: str, new_commit: str, name: str, recipe: str) -> dict:
-    model, calib = prepare_model(work, name)
+def measure_pair(
+    work: Path, base: Path, base_commit: str, new_commit: str, name: str, recipe: str, files: set[str]
+) -> dict:
+    """One pair's row, without its provenance; the files the new side loaded go into ``files``."""
+    model, calib = prepare_model(work, name, files)
     row: dict = {"model": name, "recipe": recipe, "base_commit": base_commit, "new_commit": new_commit}
     checkpoints = {}
-    new_out, row["new_quantize_s"] = quantize(ROOT, "new", new_commit, work, model, calib, recipe)
+    new_out, row["new_quantize_s"] = quantize(ROOT, "new", new_commit, work, model, calib, recipe, files)
     checkpoints["new"] = new_out
     if recipe in base_recipes(base):
-        base_out, row["base_quantize_s"] = quantize(base, "base", base_commit, work, model, calib, recipe)
+        base_out, row["base_quantize_s"] = quantize(
+            base, "base", base_commit, work, model, calib, recipe, files
+        )
         checkpoints["base"] = base_out
     else:
         row["base_missing"] = f"{BASE} ({base_commit}) has no recipe {recipe}"
     started = time.perf_counter()
     drift = run_child(SCRIPT, "drift", str(model), str(calib), *(str(p) for p in checkpoints.values()))
     row["drift_s"] = round(time.perf_counter() - started, 1)
+    files.update(drift["sources"])
     row["held_out_ids"] = drift["held_out_ids"]
     row["kl_unrounded"] = drift.get("kl_unrounded", False)
     row["checkpoints"] = {tag: str(path) for tag, path in checkpoints.items()}
@@ -255,26 +318,35 @@ def measure_pair(work: Path, base: Path, base_commit: str, new_commit: str, name
         row[f"{tag}_calibrated_on"] = report["calibrated_on"]
         meta = json.loads((path / "quantkit.json").read_text(encoding="utf-8"))
         row[f"{tag}_pipeline"] = meta.get("pipeline") or (meta.get("calibration") or {}).get("pipeline")
+    if "base" in checkpoints:
+        row["weights_differ"] = weights_differ(checkpoints["base"], checkpoints["new"])
     return row
 
 
-def measure_noise(work: Path, base_commit: str, new_commit: str, name: str, recipe: str) -> dict:
+def measure_noise(
+    work: Path, base_commit: str, new_commit: str, name: str, recipe: str, files: set[str]
+) -> dict:
     """The seed spread: this checkout quantizes the pair again on another stratified subsample
     (``--seed 1``); drift of the old, the new and the reseeded checkpoint on the same held-out rows
-    (none calibrated any of the three). Needs the pair measured first (its checkpoints)."""
-    model, calib = prepare_model(work, name)
+    (none calibrated any of the three). Needs the pair measured first, in this ``work`` (its
+    checkpoints)."""
+    model, calib = prepare_model(work, name, files)
     base_out = checkpoint_dir(work, "base", base_commit, name, recipe)
     new_out = checkpoint_dir(work, "new", new_commit, name, recipe)
     seeded = checkpoint_dir(work, "new-seed1", new_commit, name, recipe)
-    if not (seeded / "quantkit.json").is_file():
+    log = work / "logs" / f"quantize-new-seed1-{name}-{recipe}.log"
+    if not built(seeded / "quantkit.json", log):
         args = ["quantize", str(model), "--recipe", recipe, "--calib", str(calib)]
         args += ["--num-samples", str(NUM_SAMPLES), "--seed", "1", "-o", str(seeded), "--force"]
-        cli(ROOT, *args, log=work / "logs" / f"quantize-new-seed1-{name}-{recipe}.log")
+        cli(ROOT, *args, log=log)
+    files.update(loaded(log))
     drift = run_child(SCRIPT, "drift", str(model), str(calib), str(base_out), str(new_out), str(seeded))
+    files.update(drift["sources"])
     reports = drift["reports"]
     return {
         "model": name,
         "recipe": recipe,
+        "seed_spread": True,
         "base_commit": base_commit,
         "new_commit": new_commit,
         "held_out_ids": drift["held_out_ids"],
@@ -352,6 +424,85 @@ def weights_differ(base: Path, new: Path) -> dict[str, float]:
     return {layer: round(d / n, 4) for layer, (d, n) in sorted(counts.items(), key=lambda kv: int(kv[0]))}
 
 
+# ---------------------------------------------------------------------- keys
+
+# The functions whose code makes a pair's figures (rendering is left out on purpose).
+MEASURING = (
+    as_cli,
+    cli,
+    text_pool,
+    prepare_model,
+    quantize,
+    child_drift,
+    measure_pair,
+    measure_noise,
+    weights_differ,
+)
+
+
+def settings() -> dict:
+    """What every pair's key shares beside the code: the sizes and seeds of the measurement."""
+    return {
+        "calib_size": CALIB_SIZE,
+        "num_samples": NUM_SAMPLES,
+        "held_out": HELD_OUT,
+        "text_per_task": TEXT_PER_TASK,
+        "greedy_tokens": GREEDY_TOKENS,
+        "quantize_seed": 0,
+        "held_out_seed": 1,
+    }
+
+
+def code_state() -> dict:
+    """bench/mixed_precision.py's code state over this script's measuring code: its hash, the
+    library versions, the commit."""
+    import mixed_precision as mp
+
+    return mp.code_state(MEASURING)
+
+
+def pair_name(model: str, recipe: str, noise: bool = False) -> str:
+    return f"{'noise/' if noise else ''}{model}/{recipe}"
+
+
+def pair_spec(model: str, recipe: str, base: str) -> dict:
+    """What one pair measures beyond the shared code: the zoo model, the recipe as this checkout
+    resolves it, the base commit."""
+    from quantkit.recipes.registry import resolve_recipe
+
+    return {"model": model, "recipe": resolve_recipe(recipe).model_dump(mode="json"), "base": base}
+
+
+def pair_key(name: str, spec: dict, state: dict, files: list[str] | None) -> dict:
+    """bench/mixed_precision.py's provenance: the key, commit, source hash, versions, files."""
+    import mixed_precision as mp
+
+    return mp.provenance(name, spec, settings(), state, files)
+
+
+def expected(row: dict, state: dict, base: str) -> dict:
+    """The provenance the code as it is now (and BASE, ``base``) gives ``row``'s pair, over the
+    files its stored row was made with."""
+    files = (row.get("provenance") or {}).get("files")
+    name = pair_name(row["model"], row["recipe"], noise=bool(row.get("seed_spread")))
+    return pair_key(name, pair_spec(row["model"], row["recipe"], base), state, files)
+
+
+def current(row: dict | None, state: dict, base: str) -> bool:
+    """Whether a stored pair still stands for the code it is checked against."""
+    made = (row or {}).get("provenance") or {}
+    return bool(made.get("key")) and made["key"] == expected(row, state, base)["key"]
+
+
+def made_by(row: dict) -> str:
+    return ((row.get("provenance") or {}).get("commit")) or "unknown"
+
+
+def load(path: Path) -> dict:
+    data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return {"pairs": data.get("pairs", {}), "noise": data.get("noise", {})}
+
+
 # ---------------------------------------------------------------------- rendering
 
 
@@ -397,33 +548,42 @@ def groups(samples: list[dict]) -> dict[str, list[dict]]:
     return found
 
 
-def predates(change: str, commit: str) -> bool | None:
-    """Whether ``commit`` (a row's, "+" for local changes) is not a descendant of ``change``;
-    None when git does not know either."""
-    proc = subprocess.run(
-        ["git", "-C", str(ROOT), "merge-base", "--is-ancestor", change, commit.rstrip("+")],
-        capture_output=True,
-        check=False,
+def provenance(rows: list[dict], stale: list[dict], state: dict | None) -> str:
+    """Which commits made the shown pairs, what their key covers, and what is left stale."""
+    commits = sorted({made_by(row) for row in rows})
+    if rows:
+        text = (
+            f"The {len(rows)} pair{'s' * (len(rows) > 1)} shown {'were' if len(rows) > 1 else 'was'} measured at "
+            f"commit{'s' * (len(commits) > 1)} {', '.join(commits)} (each row names its own) and still "
+            f"stand{'s' * (len(rows) == 1)} for the code as it is"
+        )
+    else:
+        text = "No pair stands for the code as it is"
+    text += (
+        ": a pair's key (bench/mixed_precision.py's provenance, stored in bench/pipeline_drift.json) covers "
+        "the quantkit modules the new side's processes imported and the recipe files, the model and "
+        f"the recipe, {BASE}, the settings, this script's measuring code and the library versions"
     )
-    return {0: False, 1: True}.get(proc.returncode)
-
-
-def provenance(rows: list[dict]) -> str:
-    """Which commits made the new side's rows, and the known later changes that they predate."""
-    commits = sorted({row["new_commit"] for row in rows})
-    text = f"The new side's rows were made at commit{'s' * (len(commits) > 1)} {', '.join(commits)} (each row names its own)"
-    for change, what in LATER_CHANGES:
-        before = [commit for commit in commits if predates(change, commit)]
-        if before:
-            text += (
-                f", {'all' if len(before) == len(commits) else ', '.join(before)} before main's {change} "
-                f"({what}): these rows do not measure the code after it. Re-running "
-                "`bench/pipeline_drift.py` measures them again (a row's key includes the commit)"
-            )
+    if state:
+        text += (
+            " (" + ", ".join(f"{name} {version}" for name, version in sorted(state["versions"].items())) + ")"
+        )
+    text += "; a stored pair whose key no longer matches is shown as stale, without figures"
+    if stale:
+        text += f" ({len(stale)} below)"
     return text + "."
 
 
-def render(rows: list[dict], noise: list[dict] | None = None) -> str:
+def render(
+    rows: list[dict],
+    noise: list[dict] | None = None,
+    stale: list[dict] | None = None,
+    state: dict | None = None,
+) -> str:
+    """The section from the pairs that stand for the code (``rows``, ``noise``); ``stale``: stored
+    pairs made by other code, named without figures; ``state``: the code state they were checked
+    against (its library versions are named)."""
+    stale = stale or []
     rounded = [row for row in [*rows, *(noise or [])] if "refused" not in row and not row.get("kl_unrounded")]
     lines = [
         f"Rendered by `bench/pipeline_drift.py` from its measurements. Each zoo model (seed 0) x each "
@@ -431,7 +591,7 @@ def render(rows: list[dict], noise: list[dict] | None = None) -> str:
         f"`calibrate --model --size {CALIB_SIZE}`, `quantize --num-samples {NUM_SAMPLES} --seed 0`) "
         f'by the code before "towers once, decoder many" ({BASE}, the whole model through the '
         "pipeline its adapter named) and by the new code (the decoder alone on its captured inputs), on "
-        f"CPU; the pipelines each used are in the table (quantkit.json). {provenance(rows)} Drift by the new side's `verify` code (`measure_drift`) on the "
+        f"CPU; the pipelines each used are in the table (quantkit.json). {provenance(rows, stale, state)} Drift by the new side's `verify` code (`measure_drift`) on the "
         f"same {HELD_OUT} held-out rows for both (none calibrated either checkpoint). KL: mean next-token "
         "KL(original || quantized) over each sample's positions, then over the samples; top-1: agreement. "
         "Verdict per modality: the paired per-sample difference (new - old) of KL or top-1 beyond "
@@ -457,7 +617,9 @@ def render(rows: list[dict], noise: list[dict] | None = None) -> str:
     for row in rows:
         new = groups(row["new_samples"])
         base = groups(row["base_samples"]) if "base_samples" in row else {}
-        commits = f"{row.get('base_pipeline') or '-'} {row['base_commit']} → {row['new_pipeline']} {row['new_commit']}"
+        commits = (
+            f"{row.get('base_pipeline') or '-'} {row['base_commit']} → {row['new_pipeline']} {made_by(row)}"
+        )
         for name, items in new.items():
             old = base.get(name)
             kl_old = f"{_mean([s['kl'] for s in old]):.3g}" if old else "-"
@@ -473,7 +635,7 @@ def render(rows: list[dict], noise: list[dict] | None = None) -> str:
                 f"| {judged} | {commits} |"
             )
     verdicts = [line.split(" | ")[7].split(" (")[0] for line in lines[4:]]
-    unjudged = verdicts.count("n/a")
+    unjudged, unpaired = verdicts.count("n/a"), verdicts.count("no baseline")
     worse = [" x ".join(line.split(" | ")[:3]).lstrip("| ") for line in lines[4:] if "**worse**" in line]
     differ = [
         f"{row['model']} x {row['recipe']}: "
@@ -492,53 +654,64 @@ def render(rows: list[dict], noise: list[dict] | None = None) -> str:
         ]
     lines += [
         "",
-        f"{len(rows)} pairs, {len(verdicts)} groups, {unjudged} n/a (too few samples), "
-        f'{len(verdicts) - unjudged} judged (the "all" groups overlap the others): '
+        f"{len(rows)} pairs, {len(verdicts)} groups, {unjudged} n/a (too few samples), {unpaired} without a "
+        f'baseline, {len(verdicts) - unjudged - unpaired} judged (the "all" groups overlap the others): '
         + ", ".join(f"{verdicts.count(v)} {v.strip('*')}" for v in ("**worse**", "mixed", "same", "better"))
         + (f"; worse: {'; '.join(worse)}." if worse else "; none worse."),
     ]
     for row in refused:
         side = row.get("refused_by")
-        who = (
-            f"the {side} code, {row[f'{side}_commit']}"
-            if side
-            else f"{row['new_commit']}; which side: not recorded"
-        )
+        commit = row["base_commit"] if side == "base" else made_by(row)
+        who = f"the {side} code, {commit}" if side else f"{made_by(row)}; which side: not recorded"
         lines += ["", f"Refused by `quantize` ({who}): {row['model']} x {row['recipe']}: {row['refused']}"]
     lines += render_noise(noise or [])
+    if stale:
+        lines += [
+            "",
+            f"Stale ({len(stale)}: measured by other code, or before pairs were keyed; not re-measured at "
+            "this code, so no figures): "
+            + "; ".join(
+                f"{'seed spread, ' if row.get('seed_spread') else ''}{row['model']} x {row['recipe']} "
+                f"(made by {made_by(row)})"
+                for row in stale
+            )
+            + ".",
+        ]
     measured = {(row["model"], row["recipe"]) for row in [*rows, *refused]}
     left = [f"{m} x {r}" for r in data_recipes() for m in zoo_names() if (m, r) not in measured]
     if left:
         lines.append("")
-        lines.append(f"Not measured yet ({len(left)} pairs, left for lack of time): {', '.join(left)}.")
+        lines.append(
+            f"Not measured at this code ({len(left)} pairs, stale ones included): {', '.join(left)}."
+        )
     return "\n".join(lines)
 
 
-def load_results(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) > 1 and argv[0] == "--as-cli":  # this checkout's CLI, recording its files
+        as_cli(Path(argv[1]), argv[2:])
+        return
     parser = argparse.ArgumentParser()
     parser.add_argument("--work", type=Path, default=Path("/tmp/quantkit-bench-pipeline-drift"))
     parser.add_argument("--models", help="comma-separated zoo names (default: every zoo model)")
     parser.add_argument("--recipes", help="comma-separated recipes (default: every data-driven recipe)")
-    parser.add_argument("--render-only", action="store_true")
+    parser.add_argument("--pairs", type=Path, default=PAIRS, help="the stored pairs (JSON)")
+    parser.add_argument("--render-only", action="store_true", help="render the stored pairs, measure nothing")
     parser.add_argument("--noise", help="MODEL/RECIPE of a measured pair: also measure the seed spread there")
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--child", nargs="+")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         kind, *rest = args.child
         print(json.dumps({"drift": child_drift}[kind](*rest)))
         return
-    args.work.mkdir(parents=True, exist_ok=True)
-    cache = args.work / "results.json"
-    results = load_results(cache)
+    data = load(args.pairs)
+    state, base_hash = code_state(), base_commit()
     if not args.render_only:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        base, base_commit = base_worktree(args.work)
-        new_commit = git_commit()
+        args.work.mkdir(parents=True, exist_ok=True)
+        base, base_hash = base_worktree(args.work)
         names = args.models.split(",") if args.models else zoo_names()
         recipes = args.recipes.split(",") if args.recipes else data_recipes()
         # Pairs with a baseline first (the comparison asked for), then this branch's new recipes.
@@ -546,54 +719,57 @@ def main() -> None:
         pairs = [(m, r) for r in recipes if r in have for m in names]
         pairs += [(m, r) for r in recipes if r not in have for m in names]
         for name, recipe in pairs:
-            key = f"{name}/{recipe}/{base_commit}/{new_commit}"
-            if key in results:
+            key = pair_name(name, recipe)
+            if current(data["pairs"].get(key), state, base_hash):
+                print(
+                    f"{name} x {recipe}: stored (made by {made_by(data['pairs'][key])}, same key)", flush=True
+                )
                 continue
-            started = time.perf_counter()
+            started, files = time.perf_counter(), set()
             try:
-                results[key] = measure_pair(args.work, base, base_commit, new_commit, name, recipe)
+                row = measure_pair(args.work, base, base_hash, state["commit"], name, recipe, files)
             except RuntimeError as error:
                 print(f"{name} x {recipe}: FAILED\n{error}", flush=True)
                 refusal = next((line for line in str(error).splitlines() if line.startswith("error: ")), None)
-                if (
+                if not (
                     isinstance(error, CliFailed)
                     and error.command == "quantize"
                     and error.returncode == 2
                     and refusal
-                ):  # quantize refused the pair (bad input, exit 2): recorded, not retried
-                    side = "new" if error.code == ROOT else "base"
-                    results[key] = {"model": name, "recipe": recipe, "base_commit": base_commit}
-                    results[key].update(
-                        new_commit=new_commit, refused=refusal.removeprefix("error: "), refused_by=side
-                    )
-                    write_json(cache, results)
-                continue
-            print(f"{name} x {recipe}: {time.perf_counter() - started:.0f} s", flush=True)
-            write_json(cache, results)
+                ):
+                    continue
+                # quantize refused the pair (bad input, exit 2): recorded, not retried at this key
+                side = "new" if error.code == ROOT else "base"
+                row = {
+                    "model": name,
+                    "recipe": recipe,
+                    "base_commit": base_hash,
+                    "new_commit": state["commit"],
+                }
+                row.update(refused=refusal.removeprefix("error: "), refused_by=side)
+            row["seconds"] = round(time.perf_counter() - started, 1)
+            row["provenance"] = pair_key(key, pair_spec(name, recipe, base_hash), state, sorted(files))
+            data["pairs"][key] = row
+            write_json(args.pairs, data, sort_keys=True)
+            print(f"{name} x {recipe}: {row['seconds']:.0f} s", flush=True)
     if args.noise and not args.render_only:
         name, recipe = args.noise.split("/")
-        key = f"noise/{name}/{recipe}/{base_commit}/{new_commit}"
-        if key not in results:
-            results[key] = measure_noise(args.work, base_commit, new_commit, name, recipe)
-            write_json(cache, results)
-    noise = [row for key, row in results.items() if key.startswith("noise/")]
-    measured = [row for key, row in results.items() if not key.startswith("noise/")]
-    for row in measured:  # the checkpoints the row measured (keyed by commit), never later ones
-        if "refused" in row:
-            continue
-        paths = row.get("checkpoints") or {
-            tag: checkpoint_dir(args.work, tag, row[f"{tag}_commit"], row["model"], row["recipe"])
-            for tag in ("base", "new")
-        }
-        base_out, new_out = (Path(paths.get(tag, "")) for tag in ("base", "new"))
-        if "weights_differ" not in row and "base_samples" in row and base_out.is_dir() and new_out.is_dir():
-            row["weights_differ"] = weights_differ(base_out, new_out)
-    if results:
-        write_json(cache, results)
-    rows = sorted(measured, key=lambda r: (r["recipe"], r["model"]))
-    if rows:
-        replace_section(args.results, HEADING, render(rows, noise))
-        print(f"wrote {HEADING!r} ({len(rows)} pairs) into {args.results}")
+        key = pair_name(name, recipe, noise=True)
+        if not current(data["noise"].get(key), state, base_hash):
+            files = set()
+            row = measure_noise(args.work, base_hash, state["commit"], name, recipe, files)
+            row["provenance"] = pair_key(key, pair_spec(name, recipe, base_hash), state, sorted(files))
+            data["noise"][key] = row
+            write_json(args.pairs, data, sort_keys=True)
+    stored = [*data["pairs"].values(), *data["noise"].values()]
+    stale = [row for row in stored if not current(row, state, base_hash)]
+    rows = sorted(
+        (row for row in data["pairs"].values() if current(row, state, base_hash)),
+        key=lambda r: (r["recipe"], r["model"]),
+    )
+    noise = [row for row in data["noise"].values() if current(row, state, base_hash)]
+    replace_section(args.results, HEADING, render(rows, noise, stale, state))
+    print(f"wrote {HEADING!r} ({len(rows)} current pairs, {len(stale)} stale) into {args.results}")
 
 
 if __name__ == "__main__":
