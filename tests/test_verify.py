@@ -49,6 +49,36 @@ def test_clean_checkpoint_passes_audit(fp8_checkpoint):
     assert 0.5 < result.size_ratio < 0.52
 
 
+AUDIT_IN_A_FRESH_PROCESS = """
+import sys
+from pathlib import Path
+from quantkit.verify import audit_checkpoint
+result = audit_checkpoint(Path(sys.argv[1]))
+assert result.passed, [c for c in result.checks if not c.passed]
+print("sklearn after the audit:", "sklearn" in sys.modules)
+import sklearn.metrics
+import transformers.generation.candidate_generator as generation
+print("roc_curve:", generation.roc_curve([0, 1, 1], [0.1, 0.8, 0.6])[0].tolist())
+"""
+
+
+def test_audit_does_not_import_scikit_learn_and_leaves_transformers_working(fp8_checkpoint):
+    """An audit never generates: transformers' generation stack (imported by compressed-tensors)
+    comes in without scikit-learn, and its scikit-learn names still work when called later."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("sklearn", reason="scikit-learn is not installed: nothing to keep out")
+    run = subprocess.run(
+        [sys.executable, "-c", AUDIT_IN_A_FRESH_PROCESS, str(fp8_checkpoint)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    assert "sklearn after the audit: False" in lines
+    assert "roc_curve: [0.0, 0.0, 0.0, 1.0]" in lines, run.stdout
+
+
 def test_audit_catches_quantized_vision_tower(zoo_model, tmp_path):
     """The rename failure seen in the field: an ignore list that no longer matches the vision tower."""
     from llmcompressor import oneshot

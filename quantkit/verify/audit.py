@@ -119,7 +119,13 @@ def load_tensors(checkpoint: Path, index: dict[str, TensorInfo], names: list[str
 
 
 def _quantization_config(checkpoint: Path):
-    from compressed_tensors.quantization import QuantizationConfig
+    from quantkit.models.loading import generation_without_sklearn
+
+    # compressed-tensors imports transformers' generation stack, which imports scikit-learn
+    # (with scipy and pandas, ~2.7 s of CPU) when installed; an audit never generates. Where
+    # transformers is already imported (verify after a quantize run) this is a no-op.
+    with generation_without_sklearn():
+        from compressed_tensors.quantization import QuantizationConfig
 
     config_path = checkpoint / "config.json"
     if not config_path.is_file():
@@ -215,7 +221,7 @@ def audit_checkpoint(checkpoint: Path, *, adapter: Adapter | Path | None = None)
             scheme.targets = [unprefix_pattern(t, prefix) for t in scheme.targets]
     index = read_tensor_index(checkpoint, prefix)
     skeleton = adapter.meta_model(checkpoint)
-    from quantkit.quantize.run import unfuse_experts_on_meta
+    from quantkit.models.loading import unfuse_experts_on_meta
 
     unfuse_experts_on_meta(skeleton)  # quantized MoE checkpoints hold one Linear per expert
     linears = {n: m for n, m in skeleton.named_modules() if isinstance(m, torch.nn.Linear)}
