@@ -18,7 +18,7 @@ from quantkit.models import adapter_for
 from quantkit.models.inputs import Sample
 from quantkit.models.targets import resolve_targets
 from quantkit.quantize import quantize
-from quantkit.quantize.capture import capture_decoder_inputs, uniform_kwargs
+from quantkit.quantize.capture import capture_decoder_inputs, decoder_loader, uniform_kwargs
 from quantkit.quantize.features import prepare_features, processor_fingerprint
 from quantkit.quantize.targets import decoder_layers
 from quantkit.recipes import get_recipe
@@ -42,6 +42,7 @@ def media(tmp_path_factory) -> dict[str, Path]:
 
     write_mp4(root / "clip.mp4", frames(8), (64, 48), 4)
     chirp = 0.3 * np.sin(2 * np.pi * np.cumsum(np.linspace(200, 800, 24000)) / 16000)
+    write_mp4(root / "clip-sound.mp4", frames(8), (64, 48), 4, audio=chirp.astype(np.float32))
     write_wav(root / "speech.wav", chirp)
     return {p.stem: p for p in root.iterdir()}
 
@@ -98,6 +99,71 @@ def test_replaying_captured_inputs_through_the_decoder_gives_the_full_models_log
             full = model(**{k: v for k, v in row.inputs.items() if not isinstance(v, bool) or v}).logits
             replayed = head(decoder(**kwargs).last_hidden_state)
         assert torch.equal(full, replayed), row.label
+
+
+def _smoothquant_gptq_result(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What SmoothQuant + GPTQ left in the decoder: the smoothed norms (their weights divided by
+    the scales that the per-channel activation ranges gave) and each Linear's int8 weights."""
+    out = {}
+    for name, module in model.named_modules():
+        if ".layers." in name and name.endswith("layernorm"):
+            out[name] = module.weight.detach().clone()
+        elif isinstance(module, torch.nn.Linear) and hasattr(module, "weight_scale"):
+            out[name] = torch.round(module.weight / module.weight_scale).to(torch.int8)
+    return out
+
+
+def test_captured_inputs_give_smoothquant_and_gptq_the_whole_models_statistics(zoo_model, media):
+    """SmoothQuant's per-channel activation ranges and GPTQ's Hessians on the captured decoder
+    inputs are those of whole-model forwards (the basic pipeline, Qwen2.5-Omni's before the
+    capture), bit for bit, over image, text, video, audio and a video with its sound track
+    (Qwen2.5-Omni's interleaved 3-D rope positions): no padded or masked position, no other
+    position and no other batch enters them. Only with the library's error propagation off:
+    with it on (quantkit's default) each layer's GPTQ calibrates on its quantized predecessors'
+    outputs, which whole-model forwards never see, so from layer 1 on the int8 weights differ."""
+    from quantkit.quantize.features import calibration_loader
+    from quantkit.quantize.pipelines import run_oneshot
+    from quantkit.quantize.run import _modifiers
+
+    name = "tiny-qwen2.5-omni"
+    samples, labels = samples_for(name, media)
+    samples.append(
+        Sample(
+            turn("<video>What moves and sounds?", "A red box; a rising tone."), videos=[media["clip-sound"]]
+        )
+    )
+    labels.append("video+audio")
+    adapter, _, prepared = _features(zoo_model(name), samples, labels)
+    assert "use_audio_in_video" in prepared.rows[-1].inputs
+    processor = adapter.load_processor(zoo_model(name))
+    recipe = get_recipe("w8a8-sq-gptq")
+
+    def calibrated(pipeline: str, **options) -> dict[str, torch.Tensor]:
+        model = adapter.load_model(zoo_model(name), dtype=torch.float32)
+        modifiers = _modifiers(recipe, adapter, resolve_targets(model, adapter))
+        if pipeline == "sequential":
+            layers = list(decoder_layers(model, adapter))
+            rows = capture_decoder_inputs(model, adapter, prepared.rows, layer_names=layers).rows
+            loader, decoder = decoder_loader(rows), adapter.decoder_path
+        else:
+            loader, decoder = calibration_loader(prepared.rows, keep_none=False), None
+        run_oneshot(
+            model,
+            processor,
+            modifiers,
+            loader,
+            pipeline=pipeline,
+            decoder_layer=adapter.decoder_layer,
+            decoder=decoder,
+            **options,
+        )
+        return _smoothquant_gptq_result(model)
+
+    whole = calibrated("basic")
+    unpropagated = calibrated("sequential", propagate_error=False)
+    assert whole.keys() == unpropagated.keys() and any(key.endswith("layernorm") for key in whole)
+    differ = [key for key in whole if not torch.equal(whole[key], unpropagated[key])]
+    assert not differ, f"{len(differ)} of {len(whole)} tensors differ, the first {differ[0]}"
 
 
 def test_towers_run_once_per_sample_and_never_for_a_cached_second_recipe(zoo_model, media, tmp_path):

@@ -158,9 +158,16 @@ def run_oneshot(
     decoder_layer: str,
     decoder: str | None = None,
     trust_remote_code: bool = False,
+    propagate_error: bool = True,
 ) -> None:
     """Apply ``modifiers`` to ``model`` in place; nothing is saved here. With ``decoder`` (a
-    module path), ``loader`` holds that module's captured inputs and only it is calibrated."""
+    module path), ``loader`` holds that module's captured inputs and only it is calibrated.
+
+    ``propagate_error`` is the library's own setting for ``sequential``: each layer calibrates on
+    its predecessors' outputs after they were quantized (True, the library's default and quantkit's),
+    or before (False). With False a layer sees what it sees in one whole-model forward, which is
+    what ``basic`` calibrates on; the tests use it to show that the captured inputs give SmoothQuant
+    and GPTQ the whole model's statistics exactly."""
     from llmcompressor import oneshot
 
     with _calibrating_decoder(decoder), _ranks_synced_after_compression(), no_pinned_memory_without_cuda():
@@ -175,4 +182,5 @@ def run_oneshot(
             shuffle_calibration_samples=False,
             save_compressed=True,
             trust_remote_code_model=trust_remote_code,  # oneshot re-reads the config from disk
+            propagate_error=propagate_error,
         )
