@@ -609,16 +609,15 @@ MEASURING = (
     rtn_run,
     measure_table,
 )
-LIBRARIES = ("torch", "transformers", "llmcompressor", "compressed-tensors", "datasets", "safetensors")
 
 
 def code_state(measuring: tuple = MEASURING) -> dict:
     """What every row's key shares: the measuring code (this script's, or ``measuring``: another
-    bench's functions that use it), the libraries, the commit."""
+    bench's functions that use it), the libraries (_shared.LIBRARIES), the commit."""
     from _shared import git_commit, library_versions
 
     bench = hashlib.sha256("\n".join(inspect.getsource(f) for f in measuring).encode()).hexdigest()
-    return {"bench": bench, "versions": library_versions(LIBRARIES), "commit": git_commit()}
+    return {"bench": bench, "versions": library_versions(), "commit": git_commit()}
 
 
 def recipe_variants() -> dict:

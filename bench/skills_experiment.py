@@ -84,10 +84,9 @@ def model_identity(model: Path) -> dict:
 def code_state() -> dict:
     """What every row's key shares: this script's measuring code, the libraries, the commit."""
     from _shared import git_commit, library_versions
-    from mixed_precision import LIBRARIES
 
     bench = hashlib.sha256("\n".join(inspect.getsource(f) for f in MEASURING).encode()).hexdigest()
-    return {"bench": bench, "versions": library_versions(LIBRARIES), "commit": git_commit()}
+    return {"bench": bench, "versions": library_versions(), "commit": git_commit()}
 
 
 def run_name(recipe: str, arm: str, size: int, seed: int) -> str:
