@@ -23,8 +23,8 @@ parts can measure at once without one process's write dropping the other's rows;
 renderings must not be written at the same moment: see ``write_part``): the plan last asked
 for, the original's scores and one row per run (its scores, the digests of its quantized tensors,
 what its quantkit.json recorded). Rows are keyed as bench/skills_experiment.py keys its rows
-(its ``model_identity``: a hash of the model folder's weights and tokenizer files with the zoo
-record's key; ``row_key``: bench/mixed_precision.py's provenance over the quantkit modules the
+(its ``model_identity``: a hash of the model folder's weights, tokenizer, config and processor
+config files and skills.json with the zoo record's key; ``row_key``: bench/mixed_precision.py's provenance over the quantkit modules the
 run imported, the measuring code of both scripts, the library versions, the setting x arm recipe,
 the sample count and the settings: held-out items, pool size and seed) and stamped with the commit
 that made them. A stored row is reused only while its key matches; a row of another model, other
@@ -446,7 +446,7 @@ def intro(plan: dict, identity: dict, original: dict | None, runs: list[dict], r
     )
     return (
         f"Rendered by bench/token_weights_experiment.py from {shown_path(results)}. Model: "
-        f"tiny-omni-skills {identity['hash']} (a hash of its weights and tokenizer files{record}); its "
+        f"tiny-omni-skills {identity['hash']} (a hash of its weights, tokenizer, config files and skills.json{record}); its "
         f"original scores {made}. Calibration pool: bench/skills_experiment.py's skills pool, "
         f"{plan['pool_per_task']} records a task (`quantkit demo-pool --skills --per-task "
         f"{plan['pool_per_task']}`). Arms, every one on the same stratified calibration samples per "
