@@ -16,7 +16,7 @@ Every finished run is a row of ``--results`` (default bench/skills_experiment.js
 each run: its scores, seconds, the held-out item count, the model's identity (a hash of the model
 folder's weights, tokenizer, config and processor config files and skills.json, with the zoo
 record's key when there is one) and its provenance (a key over the quantkit modules the run
-imported, the recipes, this script's measuring code, the library
+imported, the recipes, this script's measuring code and the constants it reads, the library
 versions (bench/_shared.py's LIBRARIES), the recipe, arm, size and settings; the git commit for
 display: the machinery of bench/mixed_precision.py). A stored row is reused only while its key matches; a row
 made with another model, other code or other settings is measured again. ``--work`` holds only
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import inspect
 import json
 import random
 import statistics
@@ -101,11 +100,11 @@ def model_identity(model: Path) -> dict:
 
 
 def code_state() -> dict:
-    """What every row's key shares: this script's measuring code, the libraries, the commit."""
-    from _shared import git_commit, library_versions
+    """What every row's key shares (bench/mixed_precision.py's code_state): this script's
+    measuring code and the values it reads, the libraries, the commit."""
+    import mixed_precision as mp
 
-    bench = hashlib.sha256("\n".join(inspect.getsource(f) for f in MEASURING).encode()).hexdigest()
-    return {"bench": bench, "versions": library_versions(), "commit": git_commit()}
+    return mp.code_state(MEASURING, mp.values_of(sys.modules[__name__], MEASURED_VALUES))
 
 
 def run_name(recipe: str, arm: str, size: int, seed: int) -> str:
@@ -256,7 +255,9 @@ def original_scores(model: Path, work: Path | None = None, items: int = 24) -> d
     return {t.task: t.score for t in score_model(model, [t.name for t in TASKS], items=items).tasks}
 
 
-MEASURING = (pool_records, write_pool, arm_samples, measure_run, original_scores)
+MEASURING = (pool_records, write_pool, arm_samples, measure_run, original_scores, original_row)
+# The module-level values those functions read, by name (inspect.getsource sees only their bodies).
+MEASURED_VALUES = ("POOL_SEED",)
 
 
 # ---------------------------------------------------------------------- rendering
