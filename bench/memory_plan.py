@@ -47,7 +47,6 @@ MIB = 2**20
 RECIPE = "w4a16"
 HEADING = "## Memory plan (issue 16)"
 RESULTS_JSON = ROOT / "bench" / "memory_plan.json"
-LIBRARIES = ("torch", "transformers", "llmcompressor", "compressed-tensors")
 GOAL = 0.25  # issue 16: the measured peak within 25% of the plan's estimate
 
 
@@ -175,7 +174,7 @@ def provenance(code: Path = ROOT) -> dict:
     return {
         "measured": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": git_commit(code),
-        "versions": library_versions(LIBRARIES),
+        "versions": library_versions(),  # _shared.LIBRARIES, as every bench
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "load_before": load_average(),
     }

@@ -608,17 +608,43 @@ MEASURING = (
     symmetric_w4a16,
     rtn_run,
     measure_table,
+    jargon_text,
 )
-LIBRARIES = ("torch", "transformers", "llmcompressor", "compressed-tensors", "datasets", "safetensors")
+# The module-level values those functions read, by name: inspect.getsource sees a function's body,
+# not the constants it looks up (JARGON, where the text is looked for, is left out: a path). Looked
+# up when a key is made, so the key follows the values the measuring code would read.
+MEASURED_VALUES = (
+    "GGUF_FILE",
+    "PARTS_TEMPLATE",
+    "WINDOW",
+    "AVG_BITS",
+    "PLAIN_2026_PRESETS",
+    "PLAIN_DATA_FREE",
+    "QUANT_PARAMS",
+)
 
 
-def code_state(measuring: tuple = MEASURING) -> dict:
+def values_of(module, names) -> dict:
+    """``module``'s current values of ``names``: what code_state hashes beside the functions."""
+    return {name: getattr(module, name) for name in names}
+
+
+def code_state(measuring: tuple = MEASURING, values: dict | None = None) -> dict:
     """What every row's key shares: the measuring code (this script's, or ``measuring``: another
-    bench's functions that use it), the libraries, the commit."""
+    bench's functions that use it) with the module-level ``values`` it reads (default: this
+    script's MEASURED_VALUES), the libraries (_shared.LIBRARIES), the commit."""
     from _shared import git_commit, library_versions
 
-    bench = hashlib.sha256("\n".join(inspect.getsource(f) for f in measuring).encode()).hexdigest()
-    return {"bench": bench, "versions": library_versions(LIBRARIES), "commit": git_commit()}
+    if values is None:
+        values = values_of(sys.modules[__name__], MEASURED_VALUES)
+
+    def stable(value):  # a set's order changes from one interpreter to the next (string hashing)
+        return sorted(value) if isinstance(value, set | frozenset) else repr(value)
+
+    parts = [inspect.getsource(f) for f in measuring]
+    parts += [f"{name} = {json.dumps(value, sort_keys=True, default=stable)}" for name, value in sorted(values.items())]
+    bench = hashlib.sha256("\n".join(parts).encode()).hexdigest()
+    return {"bench": bench, "versions": library_versions(), "commit": git_commit()}
 
 
 def recipe_variants() -> dict:

@@ -458,7 +458,7 @@ def code_state() -> dict:
     library versions, the commit."""
     import mixed_precision as mp
 
-    return mp.code_state(MEASURING)
+    return mp.code_state(MEASURING, values={})  # its sizes and seeds are in settings(), BASE in pair_spec
 
 
 def pair_name(model: str, recipe: str, noise: bool = False) -> str:

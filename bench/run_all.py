@@ -14,7 +14,6 @@ average before and after is recorded too. About 10-15 minutes on 2 cores (5 alte
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
 import platform
@@ -31,7 +30,7 @@ sys.path.insert(0, str(BENCH))
 import cache_and_size  # noqa: E402
 import calibrate_bench  # noqa: E402
 import quantize_overhead  # noqa: E402
-from _shared import REAL_WEIGHTS_HEADING, ROOT, child_env, read_section  # noqa: E402
+from _shared import REAL_WEIGHTS_HEADING, ROOT, child_env, library_versions, read_section  # noqa: E402
 
 
 def machine() -> dict:
@@ -55,12 +54,8 @@ def machine() -> dict:
 
 
 def versions() -> dict:
-    found = {}
-    for name in ("torch", "transformers", "llmcompressor", "compressed-tensors", "quantkit"):
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = None
+    """_shared.LIBRARIES' versions (the list every bench records and keys by) and quantkit's."""
+    found = library_versions()
     import quantkit
 
     found["quantkit"] = quantkit.__version__

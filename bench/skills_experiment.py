@@ -14,10 +14,11 @@ records to reach the size. Each recipe x size x seed x arm is quantized, then sc
 
 Every finished run is a row of ``--results`` (default bench/skills_experiment.json), written after
 each run: its scores, seconds, the held-out item count, the model's identity (a hash of the model
-folder's weights and tokenizer files, with the zoo record's key when there is one) and its
-provenance (a key over the quantkit modules the run imported, the recipes, this script's measuring
-code, the library versions, the recipe, arm, size and settings; the git commit for display: the
-machinery of bench/mixed_precision.py). A stored row is reused only while its key matches; a row
+folder's weights, tokenizer, config and processor config files and skills.json, with the zoo
+record's key when there is one) and its provenance (a key over the quantkit modules the run
+imported, the recipes, this script's measuring code and the constants it reads, the library
+versions (bench/_shared.py's LIBRARIES), the recipe, arm, size and settings; the git commit for
+display: the machinery of bench/mixed_precision.py). A stored row is reused only while its key matches; a row
 made with another model, other code or other settings is measured again. ``--work`` holds only
 scratch (the pool, calibration sets and checkpoints), rebuilt by each invocation that measures.
 
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import inspect
 import json
 import random
 import statistics
@@ -47,7 +47,10 @@ SECTION = "## Calibration data vs per-task accuracy (tiny-omni-skills)"
 RESULTS = ROOT / "bench" / "skills_experiment.json"
 ZOO_RECORD = ROOT / "quantkit" / "zoo" / "weights" / "tiny-omni-skills.json"
 POOL_SEED = 7
-# What, beside the weights, decides what a model answers: its tokenizer and chat template.
+# What, beside the weights, decides what a model answers: its tokenizer and chat template, its
+# configs (architecture, generation defaults, how media become inputs) and, for tiny-omni-skills,
+# the skills manifest (quantkit/zoo/skills.py: the tasks it was trained on). Each is hashed when
+# the folder holds it and recorded as missing when not, so adding or removing one changes the key.
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -58,36 +61,50 @@ TOKENIZER_FILES = (
     "chat_template.jinja",
     "chat_template.json",
 )
+CONFIG_FILES = ("config.json", "generation_config.json", "processor_config.json", "preprocessor_config.json")
+# Any other processor config a folder holds (video_preprocessor_config.json, ...), found by name.
+PROCESSOR_CONFIG_GLOB = "*processor_config.json"
 
 
 # ---------------------------------------------------------------------- identity and keys
 
 
+def identity_files(model: Path) -> tuple[list[str], list[str]]:
+    """(the files of ``model`` its identity hashes, the named optional ones it lacks)."""
+    from quantkit.zoo.skills import SKILLS_FILE
+
+    named = [*TOKENIZER_FILES, *CONFIG_FILES, SKILLS_FILE]
+    found = sorted({p.name for p in model.glob(PROCESSOR_CONFIG_GLOB) if p.is_file()} - set(named))
+    weights = sorted(p.name for p in model.glob("model*.safetensors"))
+    present = [n for n in named if (model / n).is_file()]
+    return weights + present + found, [n for n in named if n not in present]
+
+
 def model_identity(model: Path) -> dict:
-    """A hash over the model folder's ``model*.safetensors`` and tokenizer files (names and bytes),
+    """A hash over the model folder's ``model*.safetensors``, tokenizer, config and processor
+    config files and skills.json (names and bytes; each named file it lacks counted as missing),
     with the key of quantkit/zoo/weights/tiny-omni-skills.json when that record is there."""
     from quantkit.fsutil import sha256_file
 
     model = Path(model)
-    names = sorted(p.name for p in model.glob("model*.safetensors")) + [
-        n for n in TOKENIZER_FILES if (model / n).is_file()
-    ]
+    names, missing = identity_files(model)
     if not any(n.endswith(".safetensors") for n in names):
         raise SystemExit(f"{model}: no model*.safetensors to identify the model by")
     digest = hashlib.sha256()
     for name in names:
         digest.update(name.encode() + b"\0" + sha256_file(model / name).encode() + b"\0")
+    for name in missing:
+        digest.update(name.encode() + b"\0<missing>\0")
     record = json.loads(ZOO_RECORD.read_text(encoding="utf-8")).get("key") if ZOO_RECORD.is_file() else None
-    return {"hash": digest.hexdigest()[:16], "record": record, "files": names}
+    return {"hash": digest.hexdigest()[:16], "record": record, "files": names, "missing": missing}
 
 
 def code_state() -> dict:
-    """What every row's key shares: this script's measuring code, the libraries, the commit."""
-    from _shared import git_commit, library_versions
-    from mixed_precision import LIBRARIES
+    """What every row's key shares (bench/mixed_precision.py's code_state): this script's
+    measuring code and the values it reads, the libraries, the commit."""
+    import mixed_precision as mp
 
-    bench = hashlib.sha256("\n".join(inspect.getsource(f) for f in MEASURING).encode()).hexdigest()
-    return {"bench": bench, "versions": library_versions(LIBRARIES), "commit": git_commit()}
+    return mp.code_state(MEASURING, mp.values_of(sys.modules[__name__], MEASURED_VALUES))
 
 
 def run_name(recipe: str, arm: str, size: int, seed: int) -> str:
@@ -238,7 +255,9 @@ def original_scores(model: Path, work: Path | None = None, items: int = 24) -> d
     return {t.task: t.score for t in score_model(model, [t.name for t in TASKS], items=items).tasks}
 
 
-MEASURING = (pool_records, write_pool, arm_samples, measure_run, original_scores)
+MEASURING = (pool_records, write_pool, arm_samples, measure_run, original_scores, original_row)
+# The module-level values those functions read, by name (inspect.getsource sees only their bodies).
+MEASURED_VALUES = ("POOL_SEED",)
 
 
 # ---------------------------------------------------------------------- rendering

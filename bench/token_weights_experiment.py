@@ -23,13 +23,15 @@ parts can measure at once without one process's write dropping the other's rows;
 renderings must not be written at the same moment: see ``write_part``): the plan last asked
 for, the original's scores and one row per run (its scores, the digests of its quantized tensors,
 what its quantkit.json recorded). Rows are keyed as bench/skills_experiment.py keys its rows
-(its ``model_identity``: a hash of the model folder's weights and tokenizer files with the zoo
-record's key; ``row_key``: bench/mixed_precision.py's provenance over the quantkit modules the
-run imported, the measuring code of both scripts, the library versions, the setting x arm recipe,
-the sample count and the settings: held-out items, pool size and seed) and stamped with the commit
-that made them. A stored row is reused only while its key matches; a row of another model, other
-code or other settings is measured again. ``--work`` is scratch only (the pool, written anew by
-the first measurement of each invocation, calibration sets and checkpoints).
+(its ``model_identity``: a hash of the model folder's weights, tokenizer, config and processor
+config files and skills.json with the zoo record's key; ``row_key``: bench/mixed_precision.py's
+provenance over the quantkit modules the run imported, the measuring code of both scripts and
+the constants it reads (``SKILLS_MEASURING``, ``SKILLS_VALUES``), the library versions, the
+setting x arm recipe, the sample count and the settings: held-out items, pool size and seed) and
+stamped with the commit that made them. A stored row is reused only while its key matches; a
+row of another model, other code or other settings is measured again. ``--work`` is scratch only
+(the pool, written anew by the first measurement of each invocation, calibration sets and
+checkpoints).
 
 ``--smollm2`` runs the SmolLM2-135M part instead (plain vs answer-weighted GPTQ vs imatrix,
 perplexity and KL on held-out Jargon File windows, its own subsection): ``--smol-settings``
@@ -211,13 +213,22 @@ def measure_run(model: Path, pool: Path, work: Path, setting: str, arm: str, see
     }
 
 
+# What the tiny-omni-skills rows' figures depend on in this script (judging and rendering are
+# left out on purpose): the functions whose source is hashed into every row's key, beside
+# bench/skills_experiment.py's MEASURING (its original_row measures the original here too), ...
+SKILLS_MEASURING = (variant, drawn_samples, tensor_digests, measure_run)
+# ... and the module-level values they read, by name (inspect.getsource sees only their bodies).
+SKILLS_VALUES = ("RECIPE", "ARMS", "SETTINGS", "QUANTIZED")
+
+
 def skills_state() -> dict:
     """The code state every tiny-omni-skills row's key shares (bench/mixed_precision.py's
-    code_state): bench/skills_experiment.py's measuring code with this part's, the library
-    versions, the commit."""
+    code_state): bench/skills_experiment.py's measuring code and values with this part's, the
+    library versions, the commit."""
     import mixed_precision as mp
 
-    return mp.code_state((*se.MEASURING, variant, drawn_samples, tensor_digests, measure_run))
+    values = {**mp.values_of(se, se.MEASURED_VALUES), **mp.values_of(sys.modules[__name__], SKILLS_VALUES)}
+    return mp.code_state((*se.MEASURING, *SKILLS_MEASURING), values)
 
 
 # ---------------------------------------------------------------------- judging and rendering
@@ -446,7 +457,8 @@ def intro(plan: dict, identity: dict, original: dict | None, runs: list[dict], r
     )
     return (
         f"Rendered by bench/token_weights_experiment.py from {shown_path(results)}. Model: "
-        f"tiny-omni-skills {identity['hash']} (a hash of its weights and tokenizer files{record}); its "
+        f"tiny-omni-skills {identity['hash']} (a hash of its weights, tokenizer, config files and "
+        f"skills.json{record}); its "
         f"original scores {made}. Calibration pool: bench/skills_experiment.py's skills pool, "
         f"{plan['pool_per_task']} records a task (`quantkit demo-pool --skills --per-task "
         f"{plan['pool_per_task']}`). Arms, every one on the same stratified calibration samples per "
@@ -1054,12 +1066,19 @@ def smol_main(args) -> str:
     return smol_render(runs, plan, pending) + note(saved)
 
 
+# The SmolLM2 part's measuring functions and the values they read, as SKILLS_MEASURING and
+# SKILLS_VALUES are the tiny-omni-skills part's; beside bench/mixed_precision.py's.
+SMOL_MEASURING = (smol_inputs, smol_samples, smol_recipe, smol_measure)
+SMOL_VALUES = ("RECIPE", "SMOL_ARMS", "SMOL_SETTINGS", "ANSWER_SHARE", "SMOL_POOL")
+
+
 def smol_state() -> dict:
     """The code state a SmolLM2 run's key shares (bench/mixed_precision.py's code_state): its
-    measuring code, with this part's own, the library versions, the commit."""
+    measuring code and values, with this part's own, the library versions, the commit."""
     import mixed_precision as mp
 
-    return mp.code_state((*mp.MEASURING, smol_inputs, smol_samples, smol_recipe, smol_measure))
+    values = {**mp.values_of(mp, mp.MEASURED_VALUES), **mp.values_of(sys.modules[__name__], SMOL_VALUES)}
+    return mp.code_state((*mp.MEASURING, *SMOL_MEASURING), values)
 
 
 # Said in RESULTS.md until the SmolLM2 part has been run (issue 18 asks for it).

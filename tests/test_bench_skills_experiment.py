@@ -161,20 +161,27 @@ def test_a_changed_model_identity_settings_or_code_invalidates_a_row():
     assert "abc1234 (stale:" in se.render(data, *se.expected_keys(data, other_model, STATE))
 
 
-def test_model_identity_follows_the_weights_and_the_tokenizer(tmp_path):
+def test_model_identity_follows_the_weights_tokenizer_configs_and_skills_manifest(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"weights")
     (tmp_path / "tokenizer.json").write_text("{}")
-    (tmp_path / "config.json").write_text("{}")
-    first = se.model_identity(tmp_path)
+    first = se.model_identity(tmp_path)  # every optional file but one missing: counted, no crash
     assert first["files"] == ["model.safetensors", "tokenizer.json"]
+    assert {"config.json", "generation_config.json", "processor_config.json", "skills.json"} <= set(first["missing"])
     assert se.model_identity(tmp_path) == first
-    (tmp_path / "config.json").write_text('{"x": 1}')  # not part of the identity
-    assert se.model_identity(tmp_path)["hash"] == first["hash"]
-    (tmp_path / "tokenizer.json").write_text('{"v": 2}')
-    second = se.model_identity(tmp_path)
-    assert second["hash"] != first["hash"]
+    seen = {first["hash"]}
+    for name in ("config.json", "generation_config.json", "processor_config.json", "preprocessor_config.json",
+                 "video_preprocessor_config.json", "skills.json", "chat_template.jinja"):  # fmt: skip
+        (tmp_path / name).write_text("{}")  # added: a new identity
+        added = se.model_identity(tmp_path)
+        assert name in added["files"] and name not in added["missing"] and added["hash"] not in seen, name
+        (tmp_path / name).write_text('{"x": 1}')  # changed: another
+        changed = se.model_identity(tmp_path)["hash"]
+        assert changed not in seen | {added["hash"]}, name
+        seen |= {added["hash"], changed}
+    (tmp_path / "README.md").write_text("notes")  # not part of what the model answers with
+    assert se.model_identity(tmp_path)["hash"] == changed
     (tmp_path / "model.safetensors").write_bytes(b"other weights")
-    assert se.model_identity(tmp_path)["hash"] not in (first["hash"], second["hash"])
+    assert se.model_identity(tmp_path)["hash"] not in seen
     record = json.loads(se.ZOO_RECORD.read_text())["key"] if se.ZOO_RECORD.is_file() else None
     assert first["record"] == record
 

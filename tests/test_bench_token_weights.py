@@ -440,3 +440,153 @@ def test_tensor_digests_tell_which_quantized_tensors_differ(tmp_path):
     ]
     assert tw.against_plain(runs, runs[1]) == {"weight_packed": [0, 1], "weight_scale": [1, 1]}
     assert tw.against_plain(runs[1:], runs[1]) is None  # no plain row of that setting and seed
+
+
+# ---------------------------------------------------------------------- what the keys cover
+
+
+def global_names(function) -> set[str]:
+    """The global names ``function`` (or each method of a class) reads, nested code included."""
+    codes = [function.__code__] if hasattr(function, "__code__") else [
+        member.__code__ for member in vars(function).values() if hasattr(member, "__code__")
+    ]
+    names = set()
+    while codes:
+        code = codes.pop()
+        names |= set(code.co_names)
+        codes += [const for const in code.co_consts if isinstance(const, type(code))]
+    return names
+
+
+# Names the measuring functions read that are rightly not hashed, with why.
+NOT_HASHED = {
+    "JARGON": "where the Jargon File is looked for (a path, not what is read)",
+    "JARGON_MISSING": "the message when it is not there",
+    "row_key": "the key itself",
+}
+
+
+@pytest.mark.parametrize("part", ["skills", "smol"])
+def test_every_module_value_and_function_the_measuring_code_reads_is_in_the_key(part):
+    """inspect.getsource hashes a function's body only: each module-level constant and same-module
+    function the hashed functions read must be hashed too (by name in the values lists), or a
+    change to it would keep a stale row current."""
+    import inspect
+
+    import mixed_precision as mp
+
+    if part == "skills":
+        groups = [(se, se.MEASURING, se.MEASURED_VALUES), (tw, tw.SKILLS_MEASURING, tw.SKILLS_VALUES)]
+    else:
+        groups = [(mp, mp.MEASURING, mp.MEASURED_VALUES), (tw, tw.SMOL_MEASURING, tw.SMOL_VALUES)]
+    hashed = {f for _, functions, _ in groups for f in functions}
+    for module, functions, values in groups:
+        read = set().union(*(global_names(f) for f in functions)) - set(NOT_HASHED)
+        read = {n for n in read if not n.startswith("__")}  # __name__ and the like: not the module's
+        found = {name: vars(module)[name] for name in read if name in vars(module)}
+        constants = {n for n, v in found.items() if not callable(v) and not inspect.ismodule(v)}
+        assert constants <= set(values), (module.__name__, sorted(constants - set(values)))
+        own = {
+            n for n, v in found.items()
+            if inspect.isfunction(v) and v.__module__ == module.__name__ and v not in hashed
+        }  # fmt: skip
+        assert not own, (module.__name__, sorted(own))
+    assert set(tw.SKILLS_VALUES) >= {"QUANTIZED"} and se.original_row in se.MEASURING
+
+
+def render_only(model: Path, results: Path, work: Path, capsys) -> str:
+    tw.main(["--model", str(model), "--work", str(work), "--render-only", "--results", str(results)])
+    return capsys.readouterr().out
+
+
+def test_a_change_to_anything_the_skills_key_covers_makes_the_rows_stale(zoo_model, tmp_path, capsys, monkeypatch):
+    """Rows keyed now, then each input the key must cover changed on disk (every config file of a
+    copy of the real tiny-omni-skills folder, skills.json, the tokenizer, a processor config
+    added, one removed), a library version and a constant the measuring code reads: the rows and
+    the original are stale (rendered without figures) after each change, current again once it
+    is undone; a README in the model folder or a judging constant changes nothing."""
+    import importlib.metadata
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(zoo_model("tiny-omni-skills"), model)
+    identity = se.model_identity(model)
+    covered = ["config.json", "generation_config.json", "processor_config.json", "skills.json"]
+    covered += ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]
+    assert set(covered) <= set(identity["files"]) and "preprocessor_config.json" in identity["missing"]
+    state = tw.skills_state()
+    rows = [skills_row("w4a16", a, s, task_scores(0.777), identity, state) for a in PLAN["arms"] for s in PLAN["seeds"]]
+    results = tmp_path / "rows.json"
+    stored(results, original_row(task_scores(0.888), identity, state), rows, identity)
+    work = tmp_path / "work"
+
+    def stale() -> bool:
+        text = render_only(model, results, work, capsys)
+        original = "original scores not measured at this code" in text
+        runs = f"{len(rows)} of {len(rows)} planned runs are not measured at this code" in text
+        assert original == runs, text  # the original and the runs share the model and code
+        assert ("0.777" in text and "0.888" in text) != runs  # figures only while current
+        return runs
+
+    assert not stale()
+    for name in covered:
+        before = (model / name).read_bytes()
+        (model / name).write_bytes(before + b"\n")
+        assert stale(), name
+        (model / name).write_bytes(before)
+        assert not stale(), name
+    kept = (model / "generation_config.json").read_bytes()
+    (model / "generation_config.json").unlink()  # an optional file missing: counted, no crash
+    assert "generation_config.json" in se.model_identity(model)["missing"] and stale()
+    (model / "generation_config.json").write_bytes(kept)
+    (model / "video_preprocessor_config.json").write_text("{}")  # a processor config the folder gains
+    assert stale()
+    (model / "video_preprocessor_config.json").unlink()
+    (model / "README.md").write_text("# notes\n")  # not what the model answers with
+    assert not stale()
+
+    version = importlib.metadata.version
+    for library in ("numpy", "pillow"):
+        monkeypatch.setattr(importlib.metadata, "version", lambda n, _l=library: "0.0" if n == _l else version(n))
+        assert stale(), library
+        monkeypatch.setattr(importlib.metadata, "version", version)
+    monkeypatch.setattr(tw, "QUANTIZED", ("weight_packed",))  # what tensor_digests keeps
+    assert stale()
+    monkeypatch.undo()
+    monkeypatch.setattr(tw, "JUDGED_SD", 3.0)  # judging, not measuring: the rows stand
+    assert not stale()
+
+
+@pytest.mark.slow
+def test_a_real_run_is_reused_while_its_inputs_stand_and_remeasured_after_a_config_change(zoo_model, tmp_path, capsys):
+    """The real measuring path on a copy of tiny-omni-skills (one quantize of 10 samples, one item
+    a task: seconds): measured once, reused by a second invocation, measured again (run and
+    original) once the folder's generation_config.json changes."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(zoo_model("tiny-omni-skills"), model)
+    results = tmp_path / "rows.json"
+    argv = [
+        "--model", str(model), "--work", str(tmp_path / "work"), "--results", str(results),
+        "--settings", "w4a16-sym-10", "--arms", "plain", "--seeds", "0", "--items", "1", "--pool-per-task", "2",
+    ]  # fmt: skip
+    tw.main(argv)
+    first = json.loads(results.read_text())
+    (run,) = first["runs"].values()
+    (original,) = first["original"].values()
+    capsys.readouterr()
+
+    tw.main(argv)  # nothing changed: the stored rows stand, nothing is measured
+    assert json.loads(results.read_text()) == first
+    assert '"arm": "plain"' not in capsys.readouterr().out  # a measured row is printed as JSON
+
+    config = model / "generation_config.json"
+    config.write_text(config.read_text() + "\n")
+    tw.main(argv)
+    after = json.loads(results.read_text())
+    (remeasured,) = after["runs"].values()
+    assert remeasured["provenance"]["key"] != run["provenance"]["key"]
+    assert remeasured["model"]["hash"] != run["model"]["hash"] == original["model"]["hash"]
+    assert se.original_name(remeasured["model"], 1) in after["original"]  # the original measured again
+    assert '"arm": "plain"' in capsys.readouterr().out
