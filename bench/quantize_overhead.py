@@ -1,8 +1,9 @@
 """Benchmark quantkit's overhead over a plain llmcompressor script (issue 7).
 
 Same tiny zoo model, same calibration samples turned into the same processor inputs
-(``quantkit.models.inputs.processor_inputs``), same recipe (GPTQ W4A16 with zero points, group 128, actorder
-static, dampening 0.01), same targets ("Linear" minus quantkit's ignore list), same pipeline
+(``quantkit.models.inputs.processor_inputs``), same recipe (GPTQ W4A16 with zero points, group 128,
+actorder static, dampening 0.01, the imatrix_mse weight observer), same targets ("Linear" minus
+quantkit's ignore list), same pipeline
 (llmcompressor's ``sequential``, layer by layer at the decoder-layer class: the plain script through
 ``independent`` on the whole model, quantkit on the decoder alone with inputs captured once under
 the library's calibration forward), both in float32 and both loading the model, calibrating and
@@ -64,6 +65,7 @@ def plain_plan(model_dir: Path) -> dict:
         "scheme": preset_name(recipe),  # W4A16_ASYM: the shipped w4a16 has zero points
         "actorder": recipe.actorder,
         "dampening_frac": recipe.dampening_frac,
+        "weight_observer": recipe.weight_observer,  # the shipped w4a16's imatrix_mse: same work
         "targets": targets.targets,
         "ignore": targets.ignore,
         "sequential_targets": [adapter.decoder_layer],
@@ -108,6 +110,7 @@ def child_plain(model_dir: str, samples_json: str, plan_json: str, output: str) 
         ignore=plan["ignore"],
         actorder=plan["actorder"],
         dampening_frac=plan["dampening_frac"],
+        weight_observer=plan["weight_observer"],
     )
     oneshot(
         model=model,

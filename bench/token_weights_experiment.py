@@ -1,9 +1,12 @@
 """Issue 18: plain GPTQ vs token-weighted GPTQ vs llmcompressor's imatrix observer on
 tiny-omni-skills, the same calibration samples per seed, per-task accuracy over several seeds.
 
-Arms (``ARMS``) are variants of one recipe: ``plain`` (the recipe as it is), token-weighted GPTQ
-(a ``token_weights`` section: H = sum_t w_t x_t x_t^T) and ``imatrix`` (``weight_observer:
-imatrix_mse``: each group's scale chosen by an MSE search weighted by the input channels' E[x^2]).
+Arms (``ARMS``) are variants of one recipe, each naming its weight observer (the shipped w4a16
+picks imatrix_mse, so no arm leaves it to the recipe): ``plain`` (plain GPTQ: ``weight_observer:
+memoryless_minmax``, the library's range), token-weighted GPTQ (a ``token_weights`` section:
+H = sum_t w_t x_t x_t^T, with plain's observer, so that only the weighting differs) and
+``imatrix`` (``weight_observer: imatrix_mse``: each group's scale chosen by an MSE search weighted
+by the input channels' E[x^2]).
 Settings (``SETTINGS``) are the recipe's overrides and the number of calibration samples: w4a16 as
 shipped, and a harsher one vLLM still serves (symmetric int4, no zero points, 10 samples: the
 fewest that cover the pool's 10 strata). Every arm of a setting and seed calibrates on the same
@@ -74,13 +77,17 @@ import skills_experiment as se  # noqa: E402  (bench/, on the path above)
 SECTION = "## Token-weighted calibration (issue 18)"
 RECIPE = "w4a16"
 SKILLS_RESULTS = ROOT / "bench" / "token_weights_skills.json"
+# The observer of plain GPTQ (the library's default for weights): plain and the token-weighted
+# arms name it, since the shipped w4a16 picks imatrix_mse.
+PLAIN_OBSERVER = {"weight_observer": "memoryless_minmax"}
+IMATRIX_OBSERVER = {"weight_observer": "imatrix_mse"}
 # arm -> recipe overrides
 ARMS: dict[str, dict] = {
-    "plain": {},
-    "answer-up": {"token_weights": {"role": {"answer": 4.0}}},
-    "vision-down": {"token_weights": {"modality": {"image": 0.25, "video": 0.25}}},
-    "tier": {"token_weights": {"task_tier": True}},
-    "imatrix": {"weight_observer": "imatrix_mse"},
+    "plain": PLAIN_OBSERVER,
+    "answer-up": {**PLAIN_OBSERVER, "token_weights": {"role": {"answer": 4.0}}},
+    "vision-down": {**PLAIN_OBSERVER, "token_weights": {"modality": {"image": 0.25, "video": 0.25}}},
+    "tier": {**PLAIN_OBSERVER, "token_weights": {"task_tier": True}},
+    "imatrix": IMATRIX_OBSERVER,
 }
 # setting -> (recipe overrides, calibration samples)
 SETTINGS: dict[str, tuple[dict, int]] = {
@@ -383,12 +390,26 @@ def differences(setting: str, runs: list[dict], tasks: list[str]) -> dict[str, t
     return out
 
 
-def shipped_defaults() -> bool:
-    """Whether every built-in recipe ships with token weights off and the library's observer."""
+def shipped_calibration(recipes=None) -> str:
+    """What the built-in recipes (or ``recipes``) ship with, in one sentence, read from the recipes
+    themselves: the weight observer of each that names one, and which turn token weights on."""
     from quantkit.recipes.registry import list_recipes, resolve_recipe
 
-    recipes = [resolve_recipe(info.name) for info in list_recipes()]
-    return all(r.token_weights is None and r.weight_observer is None for r in recipes)
+    if recipes is None:
+        recipes = [resolve_recipe(info.name) for info in list_recipes()]
+    observers = [f"{r.name} ships with weight_observer: {r.weight_observer}" for r in recipes if r.weight_observer]
+    weighted = [r.name for r in recipes if r.token_weights is not None]
+    observed = (
+        "; ".join(observers) + " (every other built-in recipe leaves it unset: the library's memoryless_minmax)"
+        if observers
+        else "Every built-in recipe leaves weight_observer unset (the library's memoryless_minmax)"
+    )
+    weights = (
+        f"token_weights are on in {words(weighted)} and absent (off) in every other built-in recipe"
+        if weighted
+        else "token_weights are absent (off) in every built-in recipe"
+    )
+    return f"{observed}; {weights}."
 
 
 def words(names: list[str]) -> str:
@@ -647,12 +668,7 @@ def closing(original, runs, pending, judged, settled, better_any, worse_any, pla
             if arm_loses
             else "No other arm lost against the original beyond its seed spread on any judged task."
         )
-    out.append(
-        "The built-in recipes ship with token_weights absent (off) and weight_observer unset "
-        "(the library's memoryless_minmax)."
-        if shipped_defaults()
-        else "Some built-in recipe turns token_weights or weight_observer on."
-    )
+    out.append(shipped_calibration())
     weighted = [r for r in runs if ARMS[r["arm"]].get("token_weights")]
     if weighted:
         recorded = sum(r["recorded_token_weights"] is not None and r["card_token_weights"] for r in weighted)
@@ -733,9 +749,9 @@ def skills_main(args) -> str:
 SMOL_SECTION = "### SmolLM2-135M: perplexity and KL on held-out Jargon File text"
 # arm -> overrides of the shipped w4a16 recipe (zero points, group 64 chosen for SmolLM2's 576)
 SMOL_ARMS: dict[str, dict] = {
-    "plain": {},
-    "answer-up": {"token_weights": {"role": {"answer": 4.0}}},
-    "imatrix": {"weight_observer": "imatrix_mse"},
+    "plain": PLAIN_OBSERVER,
+    "answer-up": {**PLAIN_OBSERVER, "token_weights": {"role": {"answer": 4.0}}},
+    "imatrix": IMATRIX_OBSERVER,
 }
 # setting -> recipe overrides: w4a16 as shipped, and without zero points (symmetric int4, which
 # vLLM serves too), the harsher setting where differences between the arms are easier to see.
@@ -998,12 +1014,8 @@ def smol_render(runs: list[dict], plan: dict | None = None, pending: list[dict] 
             )
             + (f"Worse than plain beyond the seed spread: {', '.join(hurt)}. " if hurt else "None was worse. ")
             + smol_records(runs)
-            + (
-                " The built-in recipes ship with token_weights absent (off) and weight_observer unset "
-                "(the library's memoryless_minmax)."
-                if shipped_defaults()
-                else " Some built-in recipe turns token_weights or weight_observer on."
-            ),
+            + " "
+            + shipped_calibration(),
         ]
     return "\n".join(lines)
 

@@ -39,7 +39,7 @@ def smol_runs(kl_by_arm: dict[str, list[float]], setting: str = "w4a16") -> list
             "kl": kl,
             "top1": 1 - kl,
             "recorded_token_weights": {"mean_weight": 1.75, "tokens": 8000} if arm == "answer-up" else None,
-            "recorded_weight_observer": "imatrix_mse" if arm == "imatrix" else None,
+            "recorded_weight_observer": tw.SMOL_ARMS[arm]["weight_observer"],
         }
         for arm, values in kl_by_arm.items()
         for seed, kl in enumerate(values)
@@ -62,6 +62,51 @@ def test_smol_verdicts_count_only_differences_beyond_the_seed_spread():
     # each row: mean ± spread over the seeds, and the commit that made it
     row = next(line for line in text.splitlines() if line.startswith("| plain |"))
     assert f"{statistics.mean(plain):.4f} ± {max(plain) - min(plain):.4f}" in row and "cplain" in row
+
+
+@pytest.mark.parametrize("arms, variant", [(tw.ARMS, lambda arm: tw.variant("w4a16", arm)),
+                                            (tw.SMOL_ARMS, lambda arm: tw.smol_recipe("w4a16", arm))])
+def test_every_arm_names_its_observer_so_plain_stays_plain_gptq(arms, variant):
+    """The shipped w4a16 picks imatrix_mse, so plain and the token-weighted arms must name the
+    library's memoryless_minmax: each weighted arm differs from plain by its token weights alone,
+    and imatrix by its observer alone."""
+    from quantkit.recipes.registry import get_recipe
+
+    assert get_recipe(tw.RECIPE).weight_observer == "imatrix_mse"  # why the arms cannot leave it unset
+    plain = variant("plain")
+    assert plain.weight_observer == "memoryless_minmax" and plain.token_weights is None
+    imatrix = variant("imatrix")
+    assert imatrix.weight_observer == "imatrix_mse"
+    assert imatrix.model_dump(exclude={"weight_observer"}) == plain.model_dump(exclude={"weight_observer"})
+    weighted = [arm for arm in arms if arms[arm].get("token_weights")]
+    assert weighted and set(arms) == {"plain", "imatrix", *weighted}
+    for arm in weighted:
+        recipe = variant(arm)
+        assert recipe.token_weights is not None
+        assert recipe.model_dump(exclude={"token_weights"}) == plain.model_dump(exclude={"token_weights"})
+
+
+def test_the_shipped_defaults_sentence_is_read_from_the_recipes():
+    from quantkit.recipes.registry import get_recipe, list_recipes
+
+    recipes = [get_recipe(info.name) for info in list_recipes()]
+    text = tw.shipped_calibration()
+    for recipe in recipes:
+        named = f"{recipe.name} ships with weight_observer: {recipe.weight_observer}"
+        assert (named in text) == (recipe.weight_observer is not None), recipe.name
+    assert "w4a16 ships with weight_observer: imatrix_mse" in text
+    assert "token_weights are absent (off) in every built-in recipe." in text
+    assert all(r.token_weights is None for r in recipes)
+    weighted = tw.variant("w4a16", "answer-up").model_copy(update={"name": "w4a16-answers"})
+    plain = get_recipe("fp8").model_copy(update={"weight_observer": None})
+    text = tw.shipped_calibration([weighted, plain])
+    assert text == (
+        "w4a16-answers ships with weight_observer: memoryless_minmax (every other built-in recipe leaves "
+        "it unset: the library's memoryless_minmax); token_weights are on in w4a16-answers and absent "
+        "(off) in every other built-in recipe."
+    )
+    assert tw.shipped_calibration([plain]).startswith("Every built-in recipe leaves weight_observer unset")
+    assert tw.shipped_calibration() in tw.smol_render(smol_runs({"plain": [0.2, 0.21], "imatrix": [0.1, 0.11]}))
 
 
 def test_smol_render_judges_nothing_on_one_seed():
@@ -217,7 +262,7 @@ def skills_row(setting, arm, seed, scores, identity, state, packed=("a", "b")) -
         "sample_ids": [f"s{seed}-{i}" for i in range(3)],
         "recorded_token_weights": None,
         "card_token_weights": False,
-        "recorded_weight_observer": "imatrix_mse" if arm == "imatrix" else None,
+        "recorded_weight_observer": tw.ARMS[arm]["weight_observer"],
         "tensors": {"l0.weight_packed": packed[0], "l1.weight_packed": packed[1], "l0.weight_scale": "s"},
         "scores": scores,
         "settings": settings,

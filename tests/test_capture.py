@@ -278,6 +278,7 @@ def test_quantize_gives_the_int4_weights_llmcompressor_gives_on_the_whole_model(
         ignore=targets.ignore,
         actorder=recipe.actorder,
         dampening_frac=recipe.dampening_frac,
+        weight_observer=recipe.weight_observer,  # the shipped w4a16's imatrix_mse
     )
     oneshot(
         model=model,

@@ -56,8 +56,24 @@ def test_imatrix_reaches_the_library_modifier(name: str):
     assert _observer_class("imatrix_mse") is IMatrixMSEObserver
     assert resolved_scheme(_imatrix(name))["weights"]["observer"] == "imatrix_mse"
     # unset: the library's default observer, and no override on the modifier
-    plain = build_modifiers(get_recipe(name), targets=TARGETS, ignore=IGNORE, smoothquant_mappings=sq)[-1]
+    unset = get_recipe(name).model_copy(update={"weight_observer": None})
+    plain = build_modifiers(unset, targets=TARGETS, ignore=IGNORE, smoothquant_mappings=sq)[-1]
     assert plain.weight_observer is None and _weight_observers(plain) != {"imatrix_mse"}
+
+
+def test_the_shipped_w4a16_calibrates_imatrix_scales_and_memoryless_minmax_turns_it_off():
+    """w4a16 ships with imatrix_mse (it beat plain GPTQ on SmolLM2-135M, bench/RESULTS.md); the
+    recipe's documented way back to plain GPTQ's range reaches the library as that observer."""
+    shipped = get_recipe("w4a16")
+    assert shipped.weight_observer == "imatrix_mse" and shipped.needs_data
+    quantizer = build_modifiers(shipped, targets=TARGETS, ignore=IGNORE)[-1]
+    assert quantizer.weight_observer == "imatrix_mse" and _weight_observers(quantizer) == {"imatrix_mse"}
+    off = shipped.model_copy(update={"weight_observer": "memoryless_minmax"})
+    quantizer = build_modifiers(off, targets=TARGETS, ignore=IGNORE)[-1]
+    assert _weight_observers(quantizer) == {"memoryless_minmax"}
+    assert resolved_scheme(off)["weights"]["observer"] == "memoryless_minmax"
+    # AWQ rescales the weights after the imatrix statistics are gathered: its recipe keeps the default
+    assert get_recipe("w4a16-awq").weight_observer is None
 
 
 def test_imatrix_reaches_config_groups_and_token_weighted_gptq():
