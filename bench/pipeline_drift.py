@@ -9,7 +9,9 @@ per model (``quantkit calibrate`` on the demo pool, ``--model``), quantized by b
 ``quantize --calib SET --num-samples N --seed 0``; then this checkout's ``verify`` drift
 (``measure_drift``) of both checkpoints on the same held-out rows (the set's rows neither
 checkpoint calibrated on, the same stratified draw: the ids are recorded and compared). A recipe
-c5e211f^ does not have is quantized by this checkout only (no baseline: said in its row).
+c5e211f^ does not have is quantized by this checkout only (no baseline: said in its row). Where
+c5e211f^ has the recipe, both sides quantize with its recipe file (``--recipe PATH``): the pair then
+measures the pipeline, not a recipe changed since (w4a16 ships the imatrix observer now).
 
 Per pair and modality: KL (original || quantized) and top-1 agreement of both, and the paired
 per-sample KL difference (new - old) with its standard error: "worse" when the new KL is higher
@@ -141,6 +143,16 @@ def base_recipes(code: Path) -> set[str]:
     return {path.stem for path in (code / "recipes").glob("*.yaml") if path.stem != "targets"}
 
 
+def base_recipe_text(recipe: str) -> str | None:
+    """BASE's ``recipes/RECIPE.yaml`` (None where BASE has no such recipe). Both sides quantize
+    with it, so a pair measures the pipeline and not a recipe changed since BASE (w4a16 has
+    shipped weight_observer: imatrix_mse since)."""
+    proc = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{BASE}:recipes/{recipe}.yaml"], capture_output=True, text=True, check=False
+    )
+    return proc.stdout if proc.returncode == 0 else None
+
+
 def takes_media(name: str) -> bool:
     from quantkit.zoo.models import TRAINED, ZOO
 
@@ -217,14 +229,21 @@ def checkpoint_dir(work: Path, tag: str, commit: str, model: str, recipe: str) -
     return work / "out" / f"{tag}-{commit}" / model / recipe
 
 
+def recipe_argument(base: Path, recipe: str) -> str:
+    """What ``quantize --recipe`` gets: BASE's recipe file where BASE has the recipe (both sides
+    then read the same file; ``base`` is BASE's worktree), else the built-in name."""
+    return str(base / "recipes" / f"{recipe}.yaml") if recipe in base_recipes(base) else recipe
+
+
 def quantize(
-    code: Path, tag: str, commit: str, work: Path, model: Path, calib: Path, recipe: str, files: set[str]
+    code: Path, tag: str, commit: str, work: Path, model: Path, calib: Path, recipe: str, files: set[str],
+    recipe_arg: str | None = None,
 ) -> tuple[Path, float]:
-    """``quantize`` by ``code`` (seed 0); this checkout's loaded files go into ``files``, also when
-    it fails."""
+    """``quantize`` by ``code`` (seed 0) with ``recipe_arg`` (default: the name ``recipe``); this
+    checkout's loaded files go into ``files``, also when it fails."""
     out = checkpoint_dir(work, tag, commit, model.name, recipe)
     log = work / "logs" / f"quantize-{tag}-{model.name}-{recipe}.log"
-    args = ["quantize", str(model), "--recipe", recipe, "--calib", str(calib)]
+    args = ["quantize", str(model), "--recipe", recipe_arg or recipe, "--calib", str(calib)]
     args += ["--num-samples", str(NUM_SAMPLES), "--seed", "0", "-o", str(out), "--force"]
     try:
         return out, cli(code, *args, log=log)
@@ -296,11 +315,13 @@ def measure_pair(
     model, calib = prepare_model(work, name, files)
     row: dict = {"model": name, "recipe": recipe, "base_commit": base_commit, "new_commit": new_commit}
     checkpoints = {}
-    new_out, row["new_quantize_s"] = quantize(ROOT, "new", new_commit, work, model, calib, recipe, files)
+    new_out, row["new_quantize_s"] = quantize(
+        ROOT, "new", new_commit, work, model, calib, recipe, files, recipe_argument(base, recipe)
+    )
     checkpoints["new"] = new_out
     if recipe in base_recipes(base):
         base_out, row["base_quantize_s"] = quantize(
-            base, "base", base_commit, work, model, calib, recipe, files
+            base, "base", base_commit, work, model, calib, recipe, files, recipe_argument(base, recipe)
         )
         checkpoints["base"] = base_out
     else:
@@ -336,7 +357,13 @@ def measure_noise(
     seeded = checkpoint_dir(work, "new-seed1", new_commit, name, recipe)
     log = work / "logs" / f"quantize-new-seed1-{name}-{recipe}.log"
     if not built(seeded / "quantkit.json", log):
-        args = ["quantize", str(model), "--recipe", recipe, "--calib", str(calib)]
+        text = base_recipe_text(recipe)  # the recipe the pair's new checkpoint was made with
+        recipe_file = work / "recipes" / f"{recipe}.yaml"
+        if text is not None:
+            recipe_file.parent.mkdir(parents=True, exist_ok=True)
+            recipe_file.write_text(text, encoding="utf-8")
+        args = ["quantize", str(model), "--recipe", str(recipe_file) if text is not None else recipe]
+        args += ["--calib", str(calib)]
         args += ["--num-samples", str(NUM_SAMPLES), "--seed", "1", "-o", str(seeded), "--force"]
         cli(ROOT, *args, log=log)
     files.update(loaded(log))
@@ -430,6 +457,14 @@ def weights_differ(base: Path, new: Path) -> dict[str, float]:
 MEASURING = (
     as_cli,
     cli,
+    base_recipes,
+    base_recipe_text,
+    recipe_argument,
+    takes_media,
+    loaded,
+    built,
+    checkpoint_dir,
+    sources_of,
     text_pool,
     prepare_model,
     quantize,
@@ -466,11 +501,21 @@ def pair_name(model: str, recipe: str, noise: bool = False) -> str:
 
 
 def pair_spec(model: str, recipe: str, base: str) -> dict:
-    """What one pair measures beyond the shared code: the zoo model, the recipe as this checkout
-    resolves it, the base commit."""
-    from quantkit.recipes.registry import resolve_recipe
+    """What one pair measures beyond the shared code: the zoo model, the recipe both sides
+    quantized with as this checkout resolves it (BASE's file where BASE has the recipe, else the
+    built-in one), the base commit."""
+    import tempfile
 
-    return {"model": model, "recipe": resolve_recipe(recipe).model_dump(mode="json"), "base": base}
+    from quantkit.recipes.registry import load_recipe_file, resolve_recipe
+
+    text = base_recipe_text(recipe)
+    if text is None:
+        return {"model": model, "recipe": resolve_recipe(recipe).model_dump(mode="json"), "base": base}
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / f"{recipe}.yaml"
+        path.write_text(text, encoding="utf-8")
+        resolved = load_recipe_file(path).model_dump(mode="json")
+    return {"model": model, "recipe": resolved, "recipe_file": f"{BASE}:recipes/{recipe}.yaml", "base": base}
 
 
 def pair_key(name: str, spec: dict, state: dict, files: list[str] | None) -> dict:
@@ -591,7 +636,8 @@ def render(
         f"`calibrate --model --size {CALIB_SIZE}`, `quantize --num-samples {NUM_SAMPLES} --seed 0`) "
         f'by the code before "towers once, decoder many" ({BASE}, the whole model through the '
         "pipeline its adapter named) and by the new code (the decoder alone on its captured inputs), on "
-        f"CPU; the pipelines each used are in the table (quantkit.json). {provenance(rows, stale, state)} Drift by the new side's `verify` code (`measure_drift`) on the "
+        f"CPU, both with {BASE}'s recipe file where it has the recipe (a recipe changed since, such as "
+        f"w4a16's imatrix observer, would otherwise count as drift); the pipelines each used are in the table (quantkit.json). {provenance(rows, stale, state)} Drift by the new side's `verify` code (`measure_drift`) on the "
         f"same {HELD_OUT} held-out rows for both (none calibrated either checkpoint). KL: mean next-token "
         "KL(original || quantized) over each sample's positions, then over the samples; top-1: agreement. "
         "Verdict per modality: the paired per-sample difference (new - old) of KL or top-1 beyond "

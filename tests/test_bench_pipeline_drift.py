@@ -138,3 +138,25 @@ def test_render_only_writes_the_section_from_the_stored_pairs(tmp_path):
     data = pd.load(pairs)
     pd.write_json(pairs, data)
     assert pd.load(pairs) == data and not list(tmp_path.glob(".pairs.json.partial-*"))
+
+
+def test_both_sides_quantize_with_the_base_recipe_file_where_the_base_has_the_recipe(tmp_path):
+    """w4a16 changed its observer after BASE: a pair must measure the pipeline, not that change."""
+    from quantkit.recipes.registry import resolve_recipe
+
+    shipped = resolve_recipe("w4a16")
+    spec = pd.pair_spec("tiny-qwen3", "w4a16", BASE)
+    base_text = pd.base_recipe_text("w4a16")
+    assert base_text is not None and "imatrix_mse" not in base_text
+    assert shipped.weight_observer == "imatrix_mse"
+    assert spec["recipe"]["weight_observer"] is None  # BASE's file, resolved by this checkout
+    assert spec["recipe_file"] == f"{pd.BASE}:recipes/w4a16.yaml"
+    # a recipe BASE lacks is this checkout's own, and named as such (no recipe_file)
+    assert pd.base_recipe_text("w4a16-awq") is None
+    awq = pd.pair_spec("tiny-qwen3", "w4a16-awq", BASE)
+    assert "recipe_file" not in awq and awq["recipe"] == resolve_recipe("w4a16-awq").model_dump(mode="json")
+    # the quantize argument: BASE's worktree file where it has the recipe, else the built-in name
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "w4a16.yaml").write_text(base_text, encoding="utf-8")
+    assert pd.recipe_argument(tmp_path, "w4a16") == str(tmp_path / "recipes" / "w4a16.yaml")
+    assert pd.recipe_argument(tmp_path, "w4a16-awq") == "w4a16-awq"
