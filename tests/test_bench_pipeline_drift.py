@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench")]
 
@@ -142,7 +144,16 @@ def test_render_only_writes_the_section_from_the_stored_pairs(tmp_path):
 
 def test_both_sides_quantize_with_the_base_recipe_file_where_the_base_has_the_recipe(tmp_path):
     """w4a16 changed its observer after BASE: a pair must measure the pipeline, not that change."""
+    import subprocess
+
     from quantkit.recipes.registry import resolve_recipe
+
+    known = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{pd.BASE}^{{commit}}"],
+        capture_output=True, check=False,
+    )
+    if known.returncode != 0:
+        pytest.skip(f"{pd.BASE} is not in this clone's history (a shallow clone): no base recipe to read")
 
     shipped = resolve_recipe("w4a16")
     spec = pd.pair_spec("tiny-qwen3", "w4a16", BASE)
@@ -160,3 +171,21 @@ def test_both_sides_quantize_with_the_base_recipe_file_where_the_base_has_the_re
     (tmp_path / "recipes" / "w4a16.yaml").write_text(base_text, encoding="utf-8")
     assert pd.recipe_argument(tmp_path, "w4a16") == str(tmp_path / "recipes" / "w4a16.yaml")
     assert pd.recipe_argument(tmp_path, "w4a16-awq") == "w4a16-awq"
+
+
+def test_every_value_and_function_the_drift_measurement_reads_is_in_its_key():
+    """A pair's key hashes MEASURING's sources and settings(): every same-module function those
+    read must be in MEASURING, and every module constant they read must enter settings() (or be
+    the base commit, which pair_spec keys by hash, or a location in this checkout)."""
+    import inspect
+
+    from test_bench_token_weights import global_names
+
+    read = set().union(*(global_names(f) for f in pd.MEASURING))
+    found = {n: vars(pd)[n] for n in read if n in vars(pd) and not n.startswith("__")}
+    own = {n for n, v in found.items() if inspect.isfunction(v) and v.__module__ == pd.__name__}
+    assert own <= {f.__name__ for f in pd.MEASURING}, sorted(own - {f.__name__ for f in pd.MEASURING})
+    constants = {n for n, v in found.items() if not callable(v) and not inspect.ismodule(v)}
+    in_settings = {n for n in constants if n in inspect.getsource(pd.settings)}
+    assert constants - in_settings <= {"BASE", "ROOT", "SCRIPT"}, sorted(constants - in_settings)
+    assert {getattr(pd, n) for n in in_settings} <= set(pd.settings().values())

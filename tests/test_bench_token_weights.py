@@ -490,17 +490,47 @@ def test_tensor_digests_tell_which_quantized_tensors_differ(tmp_path):
 # ---------------------------------------------------------------------- what the keys cover
 
 
-def global_names(function) -> set[str]:
-    """The global names ``function`` (or each method of a class) reads, nested code included."""
-    codes = [function.__code__] if hasattr(function, "__code__") else [
-        member.__code__ for member in vars(function).values() if hasattr(member, "__code__")
-    ]
+def default_names(function) -> set[str]:
+    """The names in ``function``'s default arguments (``def f(n=WINDOW)``): evaluated where the
+    function is defined, so its own code object never reads them."""
+    import ast
+    import inspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
     names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            for default in [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]:
+                names |= {n.id for n in ast.walk(default) if isinstance(n, ast.Name)}
+    return names
+
+
+def global_names(function) -> set[str]:
+    """The global names ``function`` (or each method of a class) reads, nested code and default
+    arguments included."""
+    members = [function] if hasattr(function, "__code__") else [
+        member for member in vars(function).values() if hasattr(member, "__code__")
+    ]
+    codes = [member.__code__ for member in members]
+    names = set().union(*(default_names(member) for member in members))
     while codes:
         code = codes.pop()
         names |= set(code.co_names)
         codes += [const for const in code.co_consts if isinstance(const, type(code))]
     return names
+
+
+DEFAULT_WINDOW = 512
+
+
+def _draw(n=DEFAULT_WINDOW):
+    return n
+
+
+def test_global_names_sees_a_constant_used_only_as_a_default_argument():
+    assert "DEFAULT_WINDOW" not in _draw.__code__.co_names  # what the code object alone misses
+    assert "DEFAULT_WINDOW" in global_names(_draw)
 
 
 # Names the measuring functions read that are rightly not hashed, with why.
