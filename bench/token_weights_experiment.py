@@ -760,13 +760,21 @@ ANSWER_SHARE = 0.25  # the last quarter of each calibration window is the assist
 SMOL_POOL = 64  # calibration windows to draw from, evenly spread over the first 60% of the text
 
 
+def smol_folder(work: Path) -> Path:
+    """SmolLM2 as the runs quantize it: bench/mixed_precision.py's bf16 folder (converted once into
+    ``work``), with a chat template that takes content parts."""
+    import mixed_precision as mp
+
+    return mp.with_parts_template(mp.smollm2_folder(work / "smollm2"), work)
+
+
 def smol_inputs(work: Path, calib_pool: int, eval_windows: int):
-    """SmolLM2 (bench/mixed_precision.py's bf16 folder, its adapter) and its window split of the
-    Jargon File: calibration windows from the first 60%, evaluation windows from the rest."""
+    """SmolLM2 (:func:`smol_folder`, its adapter) and its window split of the Jargon File:
+    calibration windows from the first 60%, evaluation windows from the rest."""
     import mixed_precision as mp
     from transformers import AutoTokenizer
 
-    folder = mp.with_parts_template(mp.smollm2_folder(work / "smollm2"), work)
+    folder = smol_folder(work)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     calib, evals = mp.windows(tokenizer, calib_pool, eval_windows)
     return folder, mp.llama_adapter(folder), tokenizer, calib, evals
@@ -821,7 +829,12 @@ def smol_provenance(plan: dict, setting: str, arm: str, seed: int, state: dict, 
         "answer_share": ANSWER_SHARE,
         "calib_pool": SMOL_POOL,
     }
-    settings = {"size": plan["size"], "eval_windows": plan["eval_windows"], "window": mp.WINDOW}
+    settings = {
+        "size": plan["size"],
+        "eval_windows": plan["eval_windows"],
+        "window": mp.WINDOW,
+        "inputs": plan.get("inputs"),  # the text's and the model folder's digests (mp.input_digests)
+    }
     name = smol_name(setting, arm, plan["size"], seed, plan["eval_windows"])
     return mp.provenance(name, spec, settings, state, files)
 
@@ -1049,6 +1062,9 @@ def smol_main(args) -> str:
     def inputs():
         return smol_inputs(args.work, SMOL_POOL, plan["eval_windows"])
 
+    if not args.render_only:  # rows are current only on the text and the weights they were made on
+        plan["inputs"] = mp.input_digests(smol_folder(args.work))
+
     @functools.cache
     def reference():
         return mp.Reference(mp.load_checkpoint(inputs()[0]), inputs()[4])
@@ -1080,7 +1096,7 @@ def smol_main(args) -> str:
 
 # The SmolLM2 part's measuring functions and the values they read, as SKILLS_MEASURING and
 # SKILLS_VALUES are the tiny-omni-skills part's; beside bench/mixed_precision.py's.
-SMOL_MEASURING = (smol_inputs, smol_samples, smol_recipe, smol_measure)
+SMOL_MEASURING = (smol_folder, smol_inputs, smol_samples, smol_recipe, smol_measure)
 SMOL_VALUES = ("RECIPE", "SMOL_ARMS", "SMOL_SETTINGS", "ANSWER_SHARE", "SMOL_POOL")
 
 

@@ -253,6 +253,41 @@ def test_rows_name_their_commit_and_stale_rows_say_so():
     assert mp.current_rows(saved["runs"], expected) == {"rtn-g64": row}
 
 
+def test_real_weights_rows_are_keyed_by_the_text_and_the_model_folder(tmp_path, monkeypatch):
+    """A SmolLM2 row is current only on the Jargon File bytes and the converted model folder it
+    was measured on: the folder is converted once and kept, the text comes from a Debian package."""
+    mp = bench_module("mixed_precision")
+    converted, linked = tmp_path / "converted", tmp_path / "parts-template"
+    converted.mkdir()
+    (converted / "config.json").write_text('{"hidden_size": 8}')
+    (converted / "model.safetensors").write_bytes(bytes(range(256)) * 8)
+    linked.mkdir()
+    for item in converted.iterdir():  # as with_parts_template links the converted folder
+        (linked / item.name).symlink_to(item)
+    text = tmp_path / "jargon.txt.gz"
+    text.write_bytes(b"first edition")
+    monkeypatch.setattr(mp, "JARGON", (tmp_path / "absent.gz", text))
+    made = mp.input_digests(linked)
+    assert made == mp.input_digests(converted)  # the links are read through
+
+    weights = bytearray((converted / "model.safetensors").read_bytes())
+    weights[100] ^= 1
+    (converted / "model.safetensors").write_bytes(bytes(weights))
+    other_model = mp.input_digests(linked)
+    assert other_model["model"] != made["model"] and other_model["text"] == made["text"]
+    text.write_bytes(b"second edition")
+    assert mp.input_digests(linked)["text"] not in (made["text"], other_model["text"])
+    monkeypatch.setattr(mp, "JARGON", (tmp_path / "absent.gz",))
+    assert mp.input_digests(linked)["text"] == "missing"
+
+    state = {"bench": "b" * 64, "versions": {"torch": "1"}, "commit": "1234567"}
+    settings = {"calib_samples": 2, "eval_windows": 2, "window": 512}
+    row_key = mp.provenance("rtn-g64", {"run": "rtn-g64"}, {**settings, "inputs": made}, state, None)
+    now_key = mp.provenance("rtn-g64", {"run": "rtn-g64"}, {**settings, "inputs": other_model}, state, None)
+    row = {"ppl": 40.0, "kl": 0.5, "top1": 0.6, "reference_ppl": 36.0, "provenance": row_key}
+    assert mp.made_by(row, now_key).startswith("1234567 (stale")
+
+
 def test_goals_put_each_scheme_under_the_bar_of_its_class():
     """nvfp4 quantizes weights and activations to FP4 (W4A4): no W4A16 bar judges it, and the
     goals say no bar covers it; nvfp4-a16 (weight-only FP4) stands under both W4A16 bars. Each

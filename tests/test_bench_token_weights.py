@@ -156,14 +156,19 @@ def test_bad_arguments_exit_2(tmp_path, args):
     assert "Traceback" not in proc.stderr
 
 
-def keyed_results(path: Path, kl_by_seed: dict[int, float], stale_seeds=(), seeds=(0, 1, 2)) -> dict:
-    """A results file as smol_main writes it: the plan, rows keyed by the code as it is now (or,
-    for ``stale_seeds``, by other measuring code and another commit)."""
+def keyed_results(
+    path: Path, kl_by_seed: dict[int, float], stale_seeds=(), seeds=(0, 1, 2), inputs: dict | None = None
+) -> dict:
+    """A results file as smol_main writes it: the plan (with ``inputs``, the text's and the model's
+    digests, where given), rows keyed by the code as it is now (or, for ``stale_seeds``, by other
+    measuring code and another commit)."""
     import json
 
     state = tw.smol_state()
     other = {**state, "bench": "c" * 64, "commit": "89abcde"}
     plan = {"settings": ["w4a16"], "arms": ["plain"], "seeds": list(seeds), "size": 16, "eval_windows": 16}
+    if inputs is not None:
+        plan["inputs"] = inputs
     runs = {}
     for row in smol_runs({"plain": list(kl_by_seed.values())}):
         row["seed"] = list(kl_by_seed)[row["seed"]]
@@ -206,20 +211,40 @@ def test_smol_key_follows_recipe_seed_and_measuring_code():
     assert key != tw.smol_provenance(plan, "w4a16", "plain", 1, state, files)["key"]
     assert key != tw.smol_provenance({**plan, "eval_windows": 8}, "w4a16", "plain", 0, state, files)["key"]
     assert key != tw.smol_provenance(plan, "w4a16", "plain", 0, {**state, "bench": "d" * 64}, files)["key"]
+    other_text = {**plan, "inputs": {"text": "e" * 64, "model": "f" * 64}}
+    assert key != tw.smol_provenance(other_text, "w4a16", "plain", 0, state, files)["key"]
     import mixed_precision as mp  # this part's measuring code is in its key beside the shared one
 
     assert state["bench"] != mp.code_state()["bench"] and state["versions"] == mp.code_state()["versions"]
 
 
-def test_smol_current_rows_are_reused_not_measured(tmp_path, capsys):
+def stand_in_smollm2(work: Path, zoo_model) -> Path:
+    """``work`` laid out as smol_folder finds a SmolLM2 converted earlier, with a tiny zoo
+    model's files in its place: what the rows' input digests are taken over."""
+    import shutil
+
+    from quantkit.zoo.real import DONE_MARKER, FOLDER_NAME
+
+    folder = work / "smollm2" / FOLDER_NAME
+    shutil.copytree(zoo_model("tiny-qwen3"), folder)
+    (folder / DONE_MARKER).write_text("stand-in\n")
+    return folder
+
+
+def test_smol_current_rows_are_reused_not_measured(tmp_path, capsys, zoo_model):
     """Measuring mode reuses every row whose key matches (here all of them: nothing is measured,
-    so no SmolLM2 or Jargon File is needed) and records the plan asked for."""
+    so no Jargon File and no GPTQ run is needed; the model folder is read for its digest) and
+    records the plan asked for."""
     import json
 
+    import mixed_precision as mp
+
+    work = tmp_path / "work"
+    stand_in_smollm2(work, zoo_model)
     results = tmp_path / "token_weights.json"
-    keyed_results(results, {0: 0.20, 1: 0.21}, seeds=(0, 1))
+    keyed_results(results, {0: 0.20, 1: 0.21}, seeds=(0, 1), inputs=mp.input_digests(tw.smol_folder(work)))
     before = json.loads(results.read_text())["runs"]
-    args = ["--smollm2", "--work", str(tmp_path / "work"), "--smol-settings", "w4a16", "--arms", "plain"]
+    args = ["--smollm2", "--work", str(work), "--smol-settings", "w4a16", "--arms", "plain"]
     tw.main([*args, "--seeds", "0,1", "--smol-size", "16", "--smol-eval", "16", "--results", str(results)])
     assert "| plain | 20.50% ± 1.00% |" in capsys.readouterr().out
     assert json.loads(results.read_text())["runs"] == before

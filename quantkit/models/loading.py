@@ -132,8 +132,9 @@ def generation_without_sklearn(enabled: bool = True):
     """Import transformers' generation stack (every model class inherits GenerationMixin; its
     candidate generator takes ``roc_curve``) and its GLUE metrics (llmcompressor imports them)
     without scikit-learn: both import it, with scipy and pandas, whenever it is installed (lm-eval
-    needs it), 2.4 s of CPU for a config-only plan that neither generates nor scores. Only the
-    dry run asks for it (``enabled``); a real run imports transformers untouched.
+    needs it), 2.4 s of CPU for a config-only plan that neither generates nor scores. The dry run
+    and the checkpoint audit (neither generates) ask for it (``enabled``); a real run imports
+    transformers untouched.
 
     While it runs transformers' check says no. On exit every module holding that stand-in
     (``from .utils import is_sklearn_available``: transformers.file_utils, SKLEARN_USERS, ...)
