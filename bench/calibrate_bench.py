@@ -166,12 +166,14 @@ def _env(code: Path, pycache: Path, *, cached: bool = True) -> dict:
     return env
 
 
-def _timed(command: list[str], env: dict) -> tuple[subprocess.CompletedProcess, float, float]:
+def _timed(
+    command: list[str], env: dict, cwd: Path | None = None
+) -> tuple[subprocess.CompletedProcess, float, float]:
     """Run ``command``: the finished process, its wall seconds and its CPU seconds (user + system,
     from the kernel's accounting of the reaped child)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, check=False)
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -264,8 +266,11 @@ def _run_command(
     pool: str, output: str, size: int, code: Path, pycache: Path, *, cached: bool = True
 ) -> tuple[float, float]:
     """Whole-process wall and CPU seconds of `python -m quantkit calibrate`, as a user runs it."""
+    pool, output = str(Path(pool).resolve()), str(Path(output).resolve())
     command = [sys.executable, "-m", "quantkit", "calibrate", pool, "--output", output, "--size", str(size)]
-    proc, wall, cpu = _timed([*command, "--force"], _env(code, pycache, cached=cached))
+    # In ``code``: `python -m` puts the working folder first on sys.path, so from any other
+    # checkout it would run that checkout's quantkit, not ``code``'s (PYTHONPATH comes after it).
+    proc, wall, cpu = _timed([*command, "--force"], _env(code, pycache, cached=cached), cwd=code)
     if proc.returncode != 0:
         raise RuntimeError(f"quantkit calibrate failed:\n{proc.stderr[-3000:]}")
     return wall, cpu

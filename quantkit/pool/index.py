@@ -51,7 +51,7 @@ class PoolIndex:
         self.id_hash = array("I")  # 32 bits: conflicts found by it are checked on the ids
         self.id_end = array("I")  # ids blob up to 4 GiB
         self.ids = bytearray()
-        self.digest = bytearray()
+        self.digest = array("q")  # two 64-bit hashes a record: see quantkit.pool.parse
         self._rows: np.ndarray | None = None
 
     def __len__(self) -> int:

@@ -366,7 +366,7 @@ class RecordParser:
         groups = index.groups
         add_group, add_line, add_locator = index.group.append, index.line.append, index.locator.append
         add_id_hash, add_id, add_id_end, ids = index.id_hash.append, index.ids.extend, index.id_end.append, index.ids
-        add_digest, blake2b = index.digest.extend, hashlib.blake2b
+        add_digest = index.digest.append
         modalities = c.stats.modalities
         spec = c.spec
         fast_keys = frozenset({"id", task_field, "messages", "conversations", "images", "videos", "audios"})
@@ -528,10 +528,13 @@ class RecordParser:
             if emit is None:  # the compact index: see quantkit.pool.index
                 if digest_text.count("\x00") != 2 * len(raw) - 1:  # a text holds a NUL: its JSON
                     digest_text = messages_json or turns_json(raw, role_key, text_key)
-                # (the UTF-8 of the text, strict: a lone surrogate raises UnicodeEncodeError)
-                # (blake2b's first 16 bytes: without a digest_size keyword, whose parsing costs
-                # a third of the call; only equality within this run is used)
-                add_digest(blake2b(digest_text.encode()).digest()[:16])
+                if not digest_text.isascii():  # (isascii reads a flag: no scan)
+                    digest_text.encode()  # UTF-8, strict: a lone surrogate raises UnicodeEncodeError
+                # 128 bits: two SipHashes (str's hash, keyed per process), on the text and on it
+                # plus a NUL. Only equality within this run is used; a blake2b of the UTF-8 cost
+                # twice as much.
+                add_digest(hash(digest_text))
+                add_digest(hash(digest_text + "\x00"))
                 add_group(shared[5])
                 add_line(line)
                 add_locator(locator)
