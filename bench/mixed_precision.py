@@ -759,6 +759,10 @@ def markdown(results: dict, reference: dict, expected) -> str:
     ]
     for name, row in results.items():
         label = f"{name} ({row['calib_samples']} calibration windows)" if row.get("calib_samples") else name
+        if measured(row) and not is_current(row, expected.get(name)):
+            # Figures other code made are not shown as this code's: the row says who made it.
+            lines.append(f"| {label} | - | - | - | - | - | - | - | {made_by(row, expected.get(name))} |")
+            continue
         if "failed" in row:
             made = made_by(row, expected.get(name))
             if before_rule(row):
@@ -861,6 +865,9 @@ def harness_table(harness: dict, runs: dict, expected) -> list[str]:
             made += " (not re-measured)"
         elif not (current and row.get("key", "").startswith(expected[name]["key"])):
             made += " (stale: its checkpoint's code changed since; not re-measured)"
+        if made != (row.get("commit") or "unknown"):  # not this code's figures: left out
+            lines.append(f"| {name} | {row.get('limit') or '?'} | - | - | - | - | {made} |")
+            continue
         lines.append(
             f"| {name} | {row.get('limit') or '?'} | {row['original']:.2f} | {row['quantized']:.2f} | {change:+.1f}% | "
             f"{row['recovery_pct']:.1f}% | {made} |"
@@ -883,13 +890,14 @@ def before_rule(row: dict) -> bool:
     return "failed" in row and "constraint" not in row
 
 
+def is_current(row: dict, expected: dict | None) -> bool:
+    """Made by the code as it is: the row's key is the one this code gives its run."""
+    return expected is not None and (row.get("provenance") or {}).get("key") == expected.get("key")
+
+
 def current_rows(runs: dict, expected) -> dict:
     """The rows made by the code as it is (their key matches), failed ones included."""
-    return {
-        name: row
-        for name, row in runs.items()
-        if measured(row) and (row.get("provenance") or {}).get("key") == (expected.get(name) or {}).get("key")
-    }
+    return {name: row for name, row in runs.items() if measured(row) and is_current(row, expected.get(name))}
 
 
 # The bars of issues 7 and 10, as data: each applies to the runs whose scheme is of its class
@@ -1002,8 +1010,8 @@ def results_section(saved: dict, wall_note: str, expected) -> str:
         + observer_note()
         + (
             f" Rows naming {' or '.join(map(str, fewer))} calibration windows were calibrated on that many, evenly "
-            "spread over the same 60% (the AWQ pair: AWQ's grid search is ~2.5 min per decoder layer at 64 windows "
-            "on one thread); their settings differ from the other rows'."
+            "spread over the same 60% (the AWQ pair: AWQ's grid search runs every block many times per window, so "
+            "it is calibrated on fewer); their settings differ from the other rows'."
             if fewer
             else ""
         )
@@ -1014,9 +1022,9 @@ def results_section(saved: dict, wall_note: str, expected) -> str:
         "compare rows' times only roughly.",
         "",
         "\"made by\": the git commit of the code that measured the row (\"+\": with local changes). A row is "
-        "re-measured when quantkit's source, the recipe, this bench's measuring code or a library version changes; "
-        "rows marked \"not re-measured\" or \"stale\" were made by the commit they name and have not been measured "
-        "with the code as it is"
+        "re-measured when quantkit's source, the recipe, this bench's measuring code, its inputs (the text's and the "
+        "model folder's bytes) or a library version changes; rows marked \"not re-measured\" or \"stale\" were made "
+        "by the commit they name and have not been measured with the code as it is: their figures are left out"
         + (f" ({', '.join(kept)})." if kept else "."),
         "",
         markdown(saved["runs"], reference, expected),

@@ -251,6 +251,11 @@ def test_rows_name_their_commit_and_stale_rows_say_so():
     assert "| rtn-g64 | - | - | 40.00 | +11.1% | 0.500 | 0.600 | seconds | 1234567 |" in section
     assert "1679748 or earlier (not re-measured)" in section
     assert mp.current_rows(saved["runs"], expected) == {"rtn-g64": row}
+    # A row other code made shows who made it, not its figures.
+    saved["runs"]["rtn-g64"] = {**row, "ppl": 77.0, "kl": 0.777, "provenance": now}
+    section = mp.results_section(saved, "test", {"rtn-g64": made, "quantkit-w4a16": now})
+    assert "| rtn-g64 | - | - | - | - | - | - | - | 89abcde (stale" in section
+    assert "77.00" not in section and "0.777" not in section
 
 
 def test_real_weights_rows_are_keyed_by_the_text_and_the_model_folder(tmp_path, monkeypatch):
