@@ -346,6 +346,38 @@ def rtn_simulation(model_dir: Path, result, scheme: str, samples: list[Sample] =
     return model
 
 
+def test_static_fp8_simulation_is_the_presets_observer_and_grid():
+    """The FP8 simulation's input absmax (several batches), per-tensor weight and activation
+    rounding against the FP8 preset's own observers and compressed-tensors' fake quantization."""
+    from compressed_tensors.quantization import preset_name_to_scheme
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from llmcompressor.observers import Observer
+
+    scheme = preset_name_to_scheme("FP8", ["Linear"])
+    generator = torch.Generator().manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(16, 8))
+    batches = [torch.randn(1, 5, 16, generator=generator) * spread for spread in (1.0, 3.0, 0.5)]
+    inputs = Observer.load_from_registry(
+        scheme.input_activations.observer, base_name="input", args=scheme.input_activations
+    )
+    for batch in batches:
+        inputs(batch)
+    input_q = inputs.get_qparams()
+    weights = Observer.load_from_registry("memoryless_minmax", base_name="weight", args=scheme.weights)
+    weight = layer[0].weight.detach()
+    weight_q = weights(weight).get_qparams()
+
+    absmax = observed_input_absmax(layer, ["0"], [{"input": batch} for batch in batches])["0"]
+    assert absmax == max(batch.abs().max() for batch in batches)  # the largest batch sets it
+    expected = fake_quantize(weight, weight_q["scale"], weight_q["zero_point"], scheme.weights)
+    assert torch.equal(rtn_weight(weight, "FP8", None, True), expected)
+    for batch in batches:
+        expected = fake_quantize(batch, input_q["scale"], input_q["zero_point"], scheme.input_activations)
+        assert torch.equal(rtn_activation(batch, "FP8", absmax), expected)
+    with pytest.raises(AssertionError):  # a static scheme without its calibration
+        rtn_activation(batches[0], "FP8")
+
+
 def relative_mse(logits: torch.Tensor, reference_logits: torch.Tensor) -> float:
     return float((logits - reference_logits).pow(2).mean() / reference_logits.pow(2).mean())
 
