@@ -49,7 +49,7 @@ MATRIX = [(m, r) for m in ZOO for r in RECIPES if (m, r) not in KNOWN_REFUSED]
 # Each recipe's error bound, from its scheme: the relative MSE of the checkpoint's logits against
 # the original's (bf16, same inputs) may be at most FACTOR x that of round-to-nearest of the same
 # scheme, simulated in the test on the same model (rtn_simulation below; independent of
-# llmcompressor and of quantkit's export):
+# llmcompressor's quantization and of quantkit's export):
 #   (RTN scheme, factor, why)
 ERROR_BOUNDS = {
     # GPTQ (and SmoothQuant) exist to beat round-to-nearest on the same grid.
@@ -58,10 +58,17 @@ ERROR_BOUNDS = {
     # The recipe is round-to-nearest itself: the checkpoint, reloaded, reproduces it up to the
     # 16-bit rounding of its scales.
     "fp8-dynamic": ("FP8_DYNAMIC", 1.5, "the checkpoint is this RTN, up to 16-bit scales"),
-    # e4m3's relative step does not depend on the scale: per-tensor static scales cost only where
-    # values leave the calibrated range (clipped) or sink into subnormals.
-    "fp8": ("FP8_DYNAMIC", 2.0, "static per-tensor FP8 within 2x of per-channel/per-token FP8"),
+    # Round-to-nearest too, on its own grid: one scale per weight tensor, one per input from the
+    # absmax over the calibration set. Beyond the 16-bit scales, the checkpoint's input scales were
+    # observed in float32 on inputs through the already quantized earlier layers (the sequential
+    # pipeline's error propagation), the simulation's on the bf16 original: the same maxima to a
+    # few percent, so the same 1.5.
+    "fp8": ("FP8", 1.5, "the checkpoint is this RTN, up to 16-bit scales and observation dtype"),
 }
+# Recipes whose checkpoint is the simulation itself, not merely bounded by it: also at least
+# 1/FACTOR of it. A wrong simulation mostly errs upwards (input scales too small clip), which an
+# upper bound alone lets pass.
+TWO_SIDED = {"fp8"}
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
 QUANT_SUFFIXES = (
     "weight_scale",
@@ -250,6 +257,8 @@ def rtn_weight(weight: torch.Tensor, scheme: str, group: int | None, symmetric: 
     w = weight.float()
     if scheme == "FP8_DYNAMIC":  # per output channel
         return _fp8(w, w.abs().amax(dim=1, keepdim=True))
+    if scheme == "FP8":  # per tensor
+        return _fp8(w, w.abs().amax())
     if scheme in ("W8A8", "W8A16"):
         return _int(w, 8, w.abs().amax(dim=1, keepdim=True))
     g = w.reshape(w.shape[0], -1, group)  # W4A16: groups along the input features
@@ -258,24 +267,67 @@ def rtn_weight(weight: torch.Tensor, scheme: str, group: int | None, symmetric: 
     return _int_asym(g, 4, g.amin(dim=-1, keepdim=True), g.amax(dim=-1, keepdim=True)).reshape(w.shape)
 
 
-def rtn_activation(x: torch.Tensor, scheme: str) -> torch.Tensor:
-    """Dynamic per-token activations (FP8_DYNAMIC, W8A8); W4A16 / W8A16 leave them alone."""
-    if scheme not in ("FP8_DYNAMIC", "W8A8"):
+def rtn_activation(x: torch.Tensor, scheme: str, static_amax: torch.Tensor | None = None) -> torch.Tensor:
+    """Dynamic per-token activations (FP8_DYNAMIC, W8A8), static per-tensor ones (FP8: the
+    calibration's ``static_amax``); W4A16 / W8A16 leave them alone."""
+    if scheme not in ("FP8_DYNAMIC", "W8A8", "FP8"):
         return x
     v = x.float()
+    if scheme == "FP8":
+        assert static_amax is not None, "static FP8 needs the calibration's input absmax"
+        return _fp8(v, static_amax).to(x.dtype)
     amax = v.abs().amax(dim=-1, keepdim=True)
     return (_fp8(v, amax) if scheme == "FP8_DYNAMIC" else _int(v, 8, amax)).to(x.dtype)
 
 
-def rtn_simulation(model_dir: Path, result, scheme: str) -> torch.nn.Module:
+def observed_input_absmax(
+    model: torch.nn.Module, names: list[str], calibration: list[dict]
+) -> dict[str, torch.Tensor]:
+    """Each module's input absmax over every calibration input, as the FP8 preset's observer
+    (llmcompressor's static_minmax: the running min and max over all batches, symmetric) keeps
+    it. Every MoE expert sees every token, as under oneshot's ``moe_calibrate_all_experts`` (its
+    default): an expert's scale covers tokens the router sends elsewhere."""
+    from llmcompressor.modeling.moe.context import moe_calibration_context
+
+    absmax: dict[str, torch.Tensor] = {}
+
+    def observe(name: str):
+        def hook(_module, args):
+            if args[0].numel():
+                value = args[0].detach().abs().amax().float()
+                absmax[name] = torch.maximum(absmax[name], value) if name in absmax else value
+
+        return hook
+
+    handles = [model.get_submodule(name).register_forward_pre_hook(observe(name)) for name in names]
+    try:
+        with torch.no_grad(), moe_calibration_context():
+            for inputs in calibration:
+                model(**inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert set(absmax) == set(names), f"never called: {sorted(set(names) - set(absmax))[:5]}"
+    return absmax
+
+
+def rtn_simulation(model_dir: Path, result, scheme: str, samples: list[Sample] = ()) -> torch.nn.Module:
     """The original model with every layer quantkit quantized rounded to nearest on ``scheme``'s
     grid, in memory: absmax (or min/max with a zero point) scales, weights per output channel or
     per group of the checkpoint's group size, activations per token. W4A16: the checkpoint's own
-    split (8-bit layers at W8A16, MoE experts without zero points)."""
+    split (8-bit layers at W8A16, MoE experts without zero points). FP8 (static): weights and
+    inputs per tensor, input scales observed on the original model run on ``samples`` (the
+    calibration samples the checkpoint was quantized with)."""
     from quantkit.quantize.mixed import four_bit_symmetric
 
-    model = adapter_for(model_dir).load_model(model_dir, dtype=torch.bfloat16)
+    adapter = adapter_for(model_dir)
+    model = adapter.load_model(model_dir, dtype=torch.bfloat16)
     unfuse_experts(model)
+    input_absmax: dict[str, torch.Tensor] = {}
+    if scheme == "FP8":  # before any weight is rounded: the original's inputs
+        processor = adapter.load_processor(model_dir)
+        calibration = [processor_inputs(processor, sample) for sample in samples]
+        input_absmax = observed_input_absmax(model, result.quantized_modules, calibration)
     weights = result.metadata["resolved_scheme"].get("weights") or {}
     high = result.precision.high if result.precision else {}
     for name in result.quantized_modules:
@@ -284,11 +336,46 @@ def rtn_simulation(model_dir: Path, result, scheme: str) -> torch.nn.Module:
         symmetric = four_bit_symmetric(name, bool(weights.get("symmetric", True)))
         with torch.no_grad():
             module.weight.copy_(rtn_weight(module.weight, layer_scheme, weights.get("group_size"), symmetric))
-        if layer_scheme in ("FP8_DYNAMIC", "W8A8"):
+        if layer_scheme in ("FP8_DYNAMIC", "W8A8", "FP8"):
             module.register_forward_pre_hook(
-                lambda _m, args, s=layer_scheme: (rtn_activation(args[0], s), *args[1:])
+                lambda _m, args, s=layer_scheme, a=input_absmax.get(name): (
+                    rtn_activation(args[0], s, a),
+                    *args[1:],
+                )
             )
     return model
+
+
+def test_static_fp8_simulation_is_the_presets_observer_and_grid():
+    """The FP8 simulation's input absmax (several batches), per-tensor weight and activation
+    rounding against the FP8 preset's own observers and compressed-tensors' fake quantization."""
+    from compressed_tensors.quantization import preset_name_to_scheme
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from llmcompressor.observers import Observer
+
+    scheme = preset_name_to_scheme("FP8", ["Linear"])
+    generator = torch.Generator().manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(16, 8))
+    batches = [torch.randn(1, 5, 16, generator=generator) * spread for spread in (1.0, 3.0, 0.5)]
+    inputs = Observer.load_from_registry(
+        scheme.input_activations.observer, base_name="input", args=scheme.input_activations
+    )
+    for batch in batches:
+        inputs(batch)
+    input_q = inputs.get_qparams()
+    weights = Observer.load_from_registry("memoryless_minmax", base_name="weight", args=scheme.weights)
+    weight = layer[0].weight.detach()
+    weight_q = weights(weight).get_qparams()
+
+    absmax = observed_input_absmax(layer, ["0"], [{"input": batch} for batch in batches])["0"]
+    assert absmax == max(batch.abs().max() for batch in batches)  # the largest batch sets it
+    expected = fake_quantize(weight, weight_q["scale"], weight_q["zero_point"], scheme.weights)
+    assert torch.equal(rtn_weight(weight, "FP8", None, True), expected)
+    for batch in batches:
+        expected = fake_quantize(batch, input_q["scale"], input_q["zero_point"], scheme.input_activations)
+        assert torch.equal(rtn_activation(batch, "FP8", absmax), expected)
+    with pytest.raises(AssertionError):  # a static scheme without its calibration
+        rtn_activation(batches[0], "FP8")
 
 
 def relative_mse(logits: torch.Tensor, reference_logits: torch.Tensor) -> float:
@@ -423,7 +510,7 @@ def test_every_zoo_model_with_every_recipe(quantized, reference, zoo_model, medi
     errors = reloaded_errors(adapter, output, reference(name))
     # 6. The error bound the scheme implies: against round-to-nearest of the scheme, simulated.
     rtn_scheme, factor, why = ERROR_BOUNDS[recipe_name]
-    simulated = rtn_simulation(zoo_model(name), result, rtn_scheme)
+    simulated = rtn_simulation(zoo_model(name), result, rtn_scheme, calibration_samples(name, media)[0])
     rtn_errors = {}
     for kind, (inputs, ref_logits) in reference(name).items():
         with torch.no_grad():
@@ -434,6 +521,8 @@ def test_every_zoo_model_with_every_recipe(quantized, reference, zoo_model, medi
         f"(ratio {ours / rtn:.2f}, bound {factor}); per input { ({k: round(v, 5) for k, v in errors.items()}) }"
     )
     assert ours <= factor * rtn, f"{why}: {ours:.5f} vs {factor} x {rtn:.5f}; {errors} / {rtn_errors}"
+    if recipe_name in TWO_SIDED:
+        assert ours >= rtn / factor, f"{why}: {ours:.5f} vs {rtn:.5f} / {factor}; {errors} / {rtn_errors}"
 
 
 @pytest.mark.slow
