@@ -393,8 +393,22 @@ def render(data: dict, expected_runs: dict | None = None, expected_originals: di
         "",
     ]
     tally = {"cells": dict.fromkeys(ARMS, 0), "lost": dict.fromkeys(ARMS, 0), "compared": 0, "found": 0, "above": 0}
+    # Rows (and original scores) other code, another model or other settings made are not this
+    # code's figures: named with their commits, left out of the tables.
+    stale = [] if expected_runs is None else [(n, r) for n, r in runs.items() if not current(r, expected_runs.get(n))]
+    if stale:
+        runs = {n: r for n, r in runs.items() if n not in dict(stale)}
+        commits = sorted({made_by(r, checked(expected_runs, n)) for n, r in stale})
+        lines += [
+            f"{len(stale)} stored row(s) are not measured at this code, so their figures are left out: made by "
+            f"{', '.join(commits)}. `make bench-skills` measures them again.",
+            "",
+        ]
+    if expected_originals is not None:
+        originals = {k: v for k, v in originals.items() if current(v, expected_originals.get(k))}
     if not runs:
-        return "\n".join([*lines, "No rows yet: run `python bench/skills_experiment.py --model DIR`."])
+        empty = "No rows measured at this code" if stale else "No rows yet"
+        return "\n".join([*lines, f"{empty}: run `python bench/skills_experiment.py --model DIR`."])
     groups: dict[tuple, list[tuple[str, dict]]] = {}
     for name, row in runs.items():
         groups.setdefault((row["recipe"], row["size"], row["model"]["hash"], row["items"]), []).append(

@@ -158,7 +158,10 @@ def test_a_changed_model_identity_settings_or_code_invalidates_a_row():
     assert se.current(row, se.expected_run(row, IDENTITY, STATE | {"commit": "def5678"}))
     # rendered against another model, the row is marked stale
     data = {"original": {}, "runs": {se.run_name("w4a16", "stratified", 32, 0): row}}
-    assert "abc1234 (stale:" in se.render(data, *se.expected_keys(data, other_model, STATE))
+    stale = se.render(data, *se.expected_keys(data, other_model, STATE))
+    assert "abc1234 (stale:" in stale
+    assert "| group | task |" not in stale and "No rows measured at this code" in stale  # no figures shown
+    assert "| group | task |" in se.render(data, *se.expected_keys(data, IDENTITY, STATE))
 
 
 def test_model_identity_follows_the_weights_tokenizer_configs_and_skills_manifest(tmp_path):
