@@ -327,7 +327,7 @@ class MediaStore:
         if name not in self._written:
             self.folder.mkdir(parents=True, exist_ok=True)
             if not path.exists():
-                partial = path.with_name(f".{name}.partial")
+                partial = path.with_name(f".{name}.{os.getpid()}.partial")  # processes reading parts of a pool write too
                 partial.write_bytes(data)
                 partial.replace(path)
             self._written.add(name)

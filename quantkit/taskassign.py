@@ -253,6 +253,39 @@ class TaskAssigner:
         entry[0] += 1
         entry[1].add(evidence.media_kinds)
 
+    # -- a pool read in parts (quantkit.pool.split) --------------------------------------------
+
+    def start_part(self) -> None:
+        """In a process reading part of a source: forget the counts so far, so that
+        :meth:`part_state` holds what this part adds (the reader keeps the tally's identity)."""
+        self._counts[:] = [0] * len(self._counts)
+        for raw in self._tally:
+            self._tally[raw] = 0
+        self._examples = {slot: [] for slot in self._examples}
+        self._missing = {}
+
+    def part_state(self) -> dict:
+        return {"counts": self._counts, "tally": self._tally, "examples": self._examples, "missing": self._missing}
+
+    def merge_part(self, state: dict) -> None:
+        """Add a later part's :meth:`part_state`: counts as if this assigner had read it."""
+        for slot, count in enumerate(state["counts"]):
+            self._counts[slot] += count
+        for raw, count in state["tally"].items():
+            self._tally[raw] += count
+        for slot, found in state["examples"].items():  # the first two distinct, in record order
+            examples = self._examples[slot]
+            for example in found:
+                if len(examples) < 2 and example not in examples:
+                    examples.append(example)
+        for key, (count, kinds, example) in state["missing"].items():
+            entry = self._missing.get(key)
+            if entry is None:
+                self._missing[key] = [count, set(kinds), example]
+            else:
+                entry[0] += count
+                entry[1].update(kinds)
+
     # -- afterwards ----------------------------------------------------------------------------
 
     def _fitting_tasks(self, kinds_seen: set[frozenset[str]]) -> list[str]:

@@ -51,6 +51,7 @@ class CalibrateOptions:
     datasets: tuple[str, ...] = ()  # LLaMA-Factory dataset names (dataset_info.json entries)
     split: str | None = None  # the split of a DatasetDict / Hub-layout folder
     verify_media: tuple[str, ...] = ("image", "audio")  # kinds checked to decode to their end
+    workers: int | None = None  # processes a big JSONL file is read in (None: one per CPU)
     # Tasks for records without a task field (quantkit.taskassign).
     task_mappings: tuple[str, ...] = ()  # --task SOURCE=TASK
     default_task: str | None = None
@@ -84,6 +85,8 @@ def _validate_options(options: CalibrateOptions) -> None:
         raise InputError("--max-seq-len needs --model", hint="token counts come from the model's processor")
     if options.max_seq_len is not None and options.max_seq_len < 1:
         raise InputError("--max-seq-len must be at least 1")
+    if options.workers is not None and options.workers < 1:
+        raise InputError("--workers must be at least 1")
     unknown = [k for k in options.verify_media if k not in VERIFY_KINDS]
     if unknown:
         raise InputError(
@@ -232,6 +235,7 @@ def _build(pools, output, options, taxonomy, taxonomy_path, hooks, store) -> Cal
         store=store,
         assigner=assigner,
         verify_media=frozenset(options.verify_media),
+        workers=options.workers,
     )
     unassigned = assigner.unassigned_error() if assigner is not None else None
     if options.dry_run:

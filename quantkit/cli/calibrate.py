@@ -93,6 +93,14 @@ def calibrate(
             "all; none), so a cut file fails here and not in quantize.",
         ),
     ] = "image,audio",
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            help="Processes a JSONL file is read in, each taking a part of it; the set is the same for "
+            "any number. Default: one per CPU core, for files of 16 MB and more.",
+            show_default=False,
+        ),
+    ] = None,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -132,6 +140,7 @@ def calibrate(
         verify_media=_media_kinds(verify_media),
         task_mappings=tuple(task or ()),
         default_task=default_task,
+        workers=workers,
         dry_run=dry_run,
     )
     total = sum(p.stat().st_size for p in pools if p.is_file())

@@ -4,6 +4,7 @@ LLaMA-Factory and Qwen-VL demo file); a record's line is where it starts in the 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,16 +31,35 @@ def first_char(path: Path) -> str:
     return ""
 
 
-def read_jsonl(path: Path, parse: Parse, on_error: OnError, on_bytes: Callable[[int], None] | None) -> None:
+def read_jsonl(
+    path: Path,
+    parse: Parse,
+    on_error: OnError,
+    on_bytes: Callable[[int], None] | None,
+    *,
+    start: int = 0,
+    stop: int | None = None,
+    first_line: int = 1,
+) -> int:
     """Parse and validate every line of a JSONL pool; ``on_error(line, error)`` for a malformed or
     invalid record (it raises, or records the skip). One loop, no generator: this runs once per
-    record of a big pool."""
+    record of a big pool.
+
+    ``start`` / ``stop``: a part of the file, from a line's first byte to another's (see
+    quantkit.pool.split), whose first line is numbered ``first_line``. Returns the number of lines
+    read."""
     decode, scan, loads, decode_error = _decode_json, _scan_json, json.loads, json.JSONDecodeError
-    offset = 0  # of the line: where the record is read again if selected
-    reported = 0  # bytes given to on_bytes: every _BYTES_STEP lines, and the rest at the end
+    offset = start  # of the line: where the record is read again if selected
+    reported = start  # bytes given to on_bytes: every _BYTES_STEP lines, and the rest at the end
+    end_of_part = sys.maxsize if stop is None else stop
+    number = first_line - 1
     with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            start = offset
+        handle.seek(start)
+        for number, raw in enumerate(handle, start=first_line):
+            if offset >= end_of_part:
+                number -= 1
+                break
+            line_start = offset
             offset += len(raw)
             if not number & _BYTES_STEP and on_bytes is not None:
                 on_bytes(offset - reported)
@@ -67,13 +87,14 @@ def read_jsonl(path: Path, parse: Parse, on_error: OnError, on_bytes: Callable[[
                 on_error(number, RecordError(f"malformed JSON: {err}"))
                 continue
             try:
-                parse(row, number, start)
+                parse(row, number, line_start)
             except RecordError as err:
                 on_error(number, err)
             except UnicodeEncodeError as err:
                 on_error(number, not_unicode(err))
     if on_bytes is not None and offset > reported:
         on_bytes(offset - reported)
+    return number - first_line + 1
 
 
 def jsonl_at(path: Path, places: list[tuple[int, int]], parse: Parse) -> None:

@@ -92,6 +92,15 @@ class MediaProbe:
             raise RecordError(f"{path.name}: {result}")
         return result
 
+    def entries(self) -> dict:
+        """What was probed, by kind and path: for another probe (a part read in another process)."""
+        return dict(self._cache)
+
+    def add_entries(self, entries: dict) -> None:
+        """Take another probe's results for the files this one has not probed."""
+        for key, value in entries.items():
+            self._cache.setdefault(key, value)
+
 
 def _turn_json(turn: object, i: int, role_key: str, text_key: str) -> tuple[str, str]:
     """One turn checked in the order of the format's rules: (its JSON, its text)."""

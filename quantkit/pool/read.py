@@ -28,6 +28,7 @@ from quantkit.pool.jsonfile import json_array_at, jsonl_at, read_json_array, rea
 from quantkit.pool.parse import MediaProbe, ParseContext, RecordParser
 from quantkit.pool.record import PoolReadResult, RecordError, SkippedRecord, SourceStats, not_unicode
 from quantkit.pool.sources import Source, resolve_sources
+from quantkit.pool.split import SplitRead, part_bounds, part_count
 from quantkit.pool.tables import iter_table, table_at
 from quantkit.taskassign import ORIGINS
 from quantkit.taxonomy import ImageRule, Taxonomy
@@ -65,9 +66,13 @@ def read_pool(
     store: MediaStore | None = None,
     assigner: object | None = None,
     verify_media: frozenset[str] = frozenset(),
+    workers: int | None = None,
 ) -> PoolReadResult:
     """Read and validate every record of every source; drop exact duplicates (same text, same
     media bytes).
+
+    ``workers``: processes a JSONL source is read in (quantkit.pool.split; the result is the same
+    for any number); None: one per CPU for files of at least 2 x split.MIN_PART_BYTES.
 
     The first invalid record raises InputError naming file and line, unless ``skip_invalid``.
     With an ``assigner`` (quantkit.taskassign.TaskAssigner) records without a task field get one
@@ -82,7 +87,7 @@ def read_pool(
     with gc_paused():
         result = _read_sources(
             sources, taxonomy, image_rule, task_field, skip_invalid, on_bytes, media_roots, store, assigner,
-            frozenset(verify_media),
+            frozenset(verify_media), workers,
         )  # fmt: skip
     result.notes = notes + result.notes
     unassigned = sum(stats.task_origins.get("none", 0) for stats in result.sources)
@@ -132,6 +137,7 @@ def _read_sources(
     store: MediaStore | None,
     assigner: object | None,
     verify_media: frozenset[str],
+    workers: int | None,
 ) -> PoolReadResult:
     probe = MediaProbe(verify_media)
     rule = image_rule or taxonomy.buckets.image_rule
@@ -139,8 +145,6 @@ def _read_sources(
     result = PoolReadResult(index=index)
     for number_of_source, source in enumerate(sources):
         path = source.path
-        # The file's hash is computed beside the parsing: hashlib and file reads release the GIL.
-        digest = _in_background(sha256_file if path.is_file() else _folder_hash, path)
         result.inputs[str(path)] = ""  # keeps the files' order
         stats = SourceStats(name=source.label, format=source.format_name())
         result.sources.append(stats)
@@ -167,6 +171,15 @@ def _read_sources(
         parse = parser.parse
         index.sources.append(str(path))
         index.readers.append(functools.partial(_read_again, source, context, parser))
+        split = None
+        if source.kind == "jsonl":
+            parts = part_count(path.stat().st_size, workers)
+            if parts > 1:
+                bounds = part_bounds(path, parts)
+                if len(bounds) > 1:  # forked before the hashing thread starts
+                    split = SplitRead(path, bounds, context, parser, skip_invalid).start()
+        # The file's hash is computed beside the parsing: hashlib and file reads release the GIL.
+        digest = _in_background(sha256_file if path.is_file() else _folder_hash, path)
 
         def on_error(number: int, err: RecordError, path: Path = path, stats: SourceStats = stats) -> None:
             if not skip_invalid:
@@ -176,7 +189,9 @@ def _read_sources(
             result.skipped.append(SkippedRecord(str(path), number, str(err)))
             stats.skipped[reason_kind(str(err))] += 1
 
-        if source.kind == "jsonl":
+        if split is not None:
+            split.read(on_error, on_bytes)
+        elif source.kind == "jsonl":
             read_jsonl(path, parse, on_error, on_bytes)
         elif source.kind == "json":
             read_json_array(path, parse, on_error, on_bytes)

@@ -1,0 +1,292 @@
+"""Read a big JSONL source in parts, one process a part, into the index one process would build.
+
+The file is cut at line starts into parts of about equal bytes. This process reads the first
+part while forked children read the others, each with a copy of the source's parser (taxonomy,
+rules, caches: nothing to rebuild or send) and of str's hash key, so the duplicate digests and id
+hashes they compute are the ones this process would. Each child sends back what its part added:
+the index columns, its new groups keyed by the media spelling and task that made them, its errors,
+counters, the task assigner's counts and its media probes. Merged in file order, with lines and
+groups renumbered, they give the PoolIndex, groups (numbered by first appearance), errors and
+counts of a single reader, so every output is the same whatever the number of parts.
+
+A child that fails in any way costs only time: the parts after the first are then read here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import pickle
+import signal
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from quantkit.pool.jsonfile import OnError, read_jsonl
+from quantkit.pool.parse import ParseContext, RecordParser
+from quantkit.pool.record import RecordError
+
+# Below this many bytes a part costs more (fork, merge, its own media probes) than it saves.
+MIN_PART_BYTES = 8 << 20
+_SLOT = struct.Struct("q")  # a child's bytes read so far, in the shared progress map
+
+
+def part_count(size: int, workers: int | None) -> int:
+    """How many parts to read a ``size``-byte JSONL file in: ``workers`` when given (1: no
+    children), else one per CPU this process may run on, each part at least MIN_PART_BYTES."""
+    if not hasattr(os, "fork"):
+        return 1
+    if workers is not None:
+        return max(1, workers)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(cpus, size // MIN_PART_BYTES))
+
+
+def part_bounds(path: Path, parts: int) -> list[tuple[int, int]]:
+    """(start, stop) byte ranges covering the file, each from a line's first byte to the next
+    range's: ``parts`` of them, fewer when lines are longer than a part."""
+    size = path.stat().st_size
+    cuts = [0]
+    with open(path, "rb") as handle:
+        for k in range(1, parts):
+            target = size * k // parts
+            if target <= cuts[-1]:
+                continue
+            handle.seek(target - 1)
+            handle.readline()  # to the end of the line holding byte target - 1
+            cut = handle.tell()
+            if cuts[-1] < cut < size:
+                cuts.append(cut)
+    cuts.append(size)
+    return list(zip(cuts, cuts[1:], strict=False))
+
+
+class _FirstError(Exception):
+    """Stops a child at its part's first invalid record when invalid records are not skipped."""
+
+
+@dataclass
+class _Child:
+    pid: int
+    pipe: int  # the read end
+    start: int
+    stop: int
+
+
+class SplitRead:
+    """The children reading parts 2..N of one source, started by :meth:`start` before this
+    process reads part 1 (so they fork before the source's hashing thread starts)."""
+
+    def __init__(
+        self,
+        path: Path,
+        bounds: list[tuple[int, int]],
+        context: ParseContext,
+        parser: RecordParser,
+        skip_invalid: bool,
+    ) -> None:
+        self.path, self.bounds, self.context, self.parser = path, bounds, context, parser
+        self.skip_invalid = skip_invalid
+        self.children: list[_Child] = []
+        self.progress = mmap.mmap(-1, _SLOT.size * len(bounds))
+        self.counted = [0] * len(bounds)  # children's bytes given to on_bytes so far
+
+    def start(self) -> SplitRead:
+        index = self.context.result.index
+        marks = (len(index.groups), len(index.group), len(index.ids))
+        for slot, (start, stop) in enumerate(self.bounds[1:], start=1):
+            read_end, write_end = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: never returns
+                os.close(read_end)
+                self._child_main(slot, start, stop, marks, write_end)
+            os.close(write_end)
+            self.children.append(_Child(pid, read_end, start, stop))
+        return self
+
+    # -- in a child ----------------------------------------------------------------------------
+
+    def _child_main(self, slot: int, start: int, stop: int, marks: tuple[int, int, int], out: int) -> None:
+        for child in self.children:  # the earlier children's pipes: not ours to hold open
+            os.close(child.pipe)
+        try:
+            try:
+                payload = self._read_part(slot, start, stop, marks)
+            except BaseException as err:  # anything: this process reads the part itself
+                payload = {"failed": f"{type(err).__name__}: {err}"}
+            with os.fdopen(out, "wb") as handle:
+                pickle.dump(payload, handle, protocol=pickle.HIGHEST_PROTOCOL)
+        finally:
+            os._exit(0)  # no atexit handlers, no flushing of the parent's buffers
+
+    def _read_part(self, slot: int, start: int, stop: int, marks: tuple[int, int, int]) -> dict:
+        context, parser = self.context, self.parser
+        result, assigner = context.result, context.assigner
+        index = result.index
+        groups_before, records_before, ids_before = marks
+        # Counters the parser adds to, emptied: what the part adds is then all they hold.
+        result.modality_mismatches.clear()
+        context.stats.modalities.clear()
+        if assigner is not None:
+            assigner.start_part()
+        errors: list[tuple[int, str]] = []
+        skip_invalid = self.skip_invalid
+
+        def on_error(number: int, err: RecordError) -> None:
+            errors.append((number, str(err)))
+            if not skip_invalid:
+                raise _FirstError
+
+        progress, offset = self.progress, _SLOT.size * slot
+        done = [0]
+
+        def on_bytes(n: int) -> None:
+            done[0] += n
+            _SLOT.pack_into(progress, offset, done[0])
+
+        try:
+            lines = read_jsonl(self.path, parser.parse, on_error, on_bytes, start=start, stop=stop)
+        except _FirstError:
+            lines = -1  # stopped at errors[-1]: nothing after it is used
+        group_keys = {}  # a new group (numbered from 0 in this part) -> (media spelling, task)
+        for key, combo in parser.combos.items():
+            for name, shared in (combo.derived.tails if combo.derived else {}).items():
+                if shared[5] >= groups_before:
+                    group_keys[shared[5] - groups_before] = (key, name)
+        return {
+            "lines": lines,
+            "errors": errors,
+            "groups": index.groups[groups_before:],
+            "group_keys": group_keys,
+            "groups_before": groups_before,
+            "group": index.group[records_before:].tobytes(),
+            "line": index.line[records_before:].tobytes(),
+            "locator": index.locator[records_before:].tobytes(),
+            "id_hash": index.id_hash[records_before:].tobytes(),
+            "id_end": index.id_end[records_before:].tobytes(),
+            "ids_before": ids_before,
+            "ids": bytes(index.ids[ids_before:]),
+            "digest": index.digest[2 * records_before :].tobytes(),
+            "mismatches": dict(result.modality_mismatches),
+            "modalities": dict(context.stats.modalities),
+            "assigner": assigner.part_state() if assigner is not None else None,
+            "probes": context.probe.entries(),
+        }
+
+    # -- in this process -----------------------------------------------------------------------
+
+    def children_bytes(self) -> int:
+        """Bytes the children have read since the last call."""
+        new = 0
+        for slot in range(1, len(self.bounds)):
+            (done,) = _SLOT.unpack_from(self.progress, _SLOT.size * slot)
+            new += done - self.counted[slot]
+            self.counted[slot] = done
+        return new
+
+    def read(self, on_error: OnError, on_bytes: Callable[[int], None] | None) -> None:
+        """Read the first part here, then merge the children's parts in order; ``on_error`` gets
+        every invalid record with its line in the file, in file order."""
+        try:
+            self._read(on_error, on_bytes)
+        finally:
+            self.close()
+
+    def _read(self, on_error: OnError, on_bytes: Callable[[int], None] | None) -> None:
+        report = None if on_bytes is None else (lambda n: on_bytes(n + self.children_bytes()))
+        start, stop = self.bounds[0]
+        lines = read_jsonl(self.path, self.parser.parse, on_error, report, start=start, stop=stop)
+        payloads = []
+        for child in self.children:
+            with os.fdopen(child.pipe, "rb") as handle:
+                data = handle.read()
+            child.pipe = -1
+            os.waitpid(child.pid, 0)
+            child.pid = 0
+            try:
+                payload = pickle.loads(data)
+            except Exception as err:  # the child died before it wrote all of it
+                payload = {"failed": f"no result ({type(err).__name__})"}
+            payloads.append(payload)
+        failed = next((p["failed"] for p in payloads if "failed" in p), None)
+        if failed is not None:
+            self.context.result.notes.append(
+                f"{self.path.name}: a process reading part of it failed ({failed}); read in one process"
+            )
+            rest = self.bounds[-1][1] - self.bounds[1][0] - sum(self.counted)  # not reported yet
+            read_jsonl(
+                self.path, self.parser.parse, on_error, None, start=self.bounds[1][0], first_line=lines + 1
+            )
+            if on_bytes is not None and rest > 0:
+                on_bytes(rest)
+            return
+        keys = self._group_keys()
+        for payload in payloads:
+            self._merge(payload, lines, keys, on_error)
+            if payload["lines"] < 0:  # (on_error raised for its last error, when not skipping)
+                raise RuntimeError("a part stopped at an invalid record that was not reported")
+            lines += payload["lines"]
+        if on_bytes is not None:
+            rest = self.children_bytes()
+            if rest:
+                on_bytes(rest)
+
+    def _group_keys(self) -> dict:
+        """(media spelling, task) -> group, for the groups this process's parser made."""
+        keys = {}
+        for key, combo in self.parser.combos.items():
+            for name, shared in (combo.derived.tails if combo.derived else {}).items():
+                keys[(key, name)] = shared[5]
+        return keys
+
+    def _merge(self, payload: dict, line_offset: int, keys: dict, on_error: OnError) -> None:
+        context = self.context
+        result, index = context.result, context.result.index
+        for number, message in payload["errors"]:
+            on_error(line_offset + number, RecordError(message))
+        # The part's groups: one already made here (the same spelling and task) is that group;
+        # the others are new, numbered in the order the part met them.
+        renumber = np.empty(len(payload["groups"]), dtype=np.uint32)
+        for g, group in enumerate(payload["groups"]):
+            key = payload["group_keys"].get(g)
+            number = keys.get(key) if key is not None else None
+            if number is None:
+                number = len(index.groups)
+                index.groups.append(group)
+                if key is not None:
+                    keys[key] = number
+            renumber[g] = number
+        part_groups = np.frombuffer(payload["group"], dtype=np.uint32) - np.uint32(payload["groups_before"])
+        index.group.frombytes(renumber[part_groups].tobytes())
+        lines = np.frombuffer(payload["line"], dtype=np.uint32).astype(np.int64) + line_offset
+        index.line.frombytes(lines.astype(np.uint32).tobytes())
+        index.locator.frombytes(payload["locator"])
+        index.id_hash.frombytes(payload["id_hash"])
+        ends = np.frombuffer(payload["id_end"], dtype=np.uint32).astype(np.int64)
+        index.id_end.frombytes((ends + (len(index.ids) - payload["ids_before"])).astype(np.uint32).tobytes())
+        index.ids.extend(payload["ids"])
+        index.digest.frombytes(payload["digest"])
+        for key, count in payload["mismatches"].items():
+            result.modality_mismatches[key] += count
+        for key, count in payload["modalities"].items():
+            context.stats.modalities[key] += count
+        if payload["assigner"] is not None:
+            context.assigner.merge_part(payload["assigner"])
+        context.probe.add_entries(payload["probes"])
+
+    def close(self) -> None:
+        """Stop and reap the children still running (this process failed or was interrupted)."""
+        for child in self.children:
+            if child.pipe >= 0:
+                os.close(child.pipe)
+                child.pipe = -1
+            if child.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGKILL)
+                os.waitpid(child.pid, 0)
+                child.pid = 0
+        self.progress.close()
