@@ -66,9 +66,11 @@ ERROR_BOUNDS = {
     "fp8": ("FP8", 1.5, "the checkpoint is this RTN, up to 16-bit scales and observation dtype"),
 }
 # Recipes whose checkpoint is the simulation itself, not merely bounded by it: also at least
-# 1/FACTOR of it. A wrong simulation mostly errs upwards (input scales too small clip), which an
-# upper bound alone lets pass.
-TWO_SIDED = {"fp8"}
+# 1/FACTOR of it. A wrong simulation mostly errs upwards (fp8's input scales too small clip), which
+# an upper bound alone lets pass. fp8-dynamic is its own round-to-nearest too (data-free, per-token
+# input scales taken at run time, so only the 16-bit weight scales differ): ratios 0.86-1.08 over
+# the zoo, well inside the factor.
+TWO_SIDED = {"fp8", "fp8-dynamic"}
 FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
 QUANT_SUFFIXES = (
     "weight_scale",

@@ -157,22 +157,29 @@ def test_ctrl_c_stops_the_server(zoo_model, tmp_path, monkeypatch):
     assert not group_alive(leader)  # its shell and the child it started (same group) are gone
 
 
-def test_missing_kernel_is_skipped_with_vllms_reason(zoo_model, tmp_path, monkeypatch):
-    """A shipped scheme the local vLLM build has no kernel for (NVFP4A16 on a CPU: vLLM 0.32's CPU
-    server stops with the line below, far above its final error) is 'skipped' with that reason."""
+def omni_labelled(zoo_model, tmp_path: Path, preset: str) -> Path:
+    """tiny-qwen2.5-omni with a config naming one compressed-tensors preset (its weights stay bf16):
+    enough for quantkit to read the scheme where no real vLLM loads it."""
     import shutil
 
     from compressed_tensors.quantization import preset_name_to_scheme
 
-    checkpoint = tmp_path / "omni-nvfp4a16"
+    checkpoint = tmp_path / f"omni-{preset.lower()}"
     shutil.copytree(zoo_model("tiny-qwen2.5-omni"), checkpoint)
     config = json.loads((checkpoint / "config.json").read_text())
-    group = preset_name_to_scheme("NVFP4A16", ["Linear"]).model_dump(mode="json")
+    group = preset_name_to_scheme(preset, ["Linear"]).model_dump(mode="json")
     config["quantization_config"] = {
         "quant_method": "compressed-tensors",
         "config_groups": {"group_0": group},
     }
     (checkpoint / "config.json").write_text(json.dumps(config))
+    return checkpoint
+
+
+def test_missing_kernel_is_skipped_with_vllms_reason(zoo_model, tmp_path, monkeypatch):
+    """A shipped scheme the local vLLM build has no kernel for (NVFP4A16 on a CPU: vLLM 0.32's CPU
+    server stops with the line below, far above its final error) is 'skipped' with that reason."""
+    checkpoint = omni_labelled(zoo_model, tmp_path, "NVFP4A16")
     kernel = (
         "ValueError: Forced NVFP4 kernel MarlinNvFp4LinearKernel is not supported: Marlin FP4 not available"
     )
@@ -380,15 +387,24 @@ def test_chosen_port_taken_when_the_server_binds_it_is_bad_input(zoo_model, fake
 
 
 @pytest.mark.parametrize(
-    ("behaviour", "status"),
-    [("kernel-line-then-hang", "failed"), ("kernel-line-400", "failed"), ("kernel-line-500", "skipped")],
+    ("behaviour", "preset", "status"),
+    [
+        ("kernel-line-then-hang", "FP8", "failed"),
+        ("kernel-line-400", "FP8", "failed"),
+        ("kernel-line-500", "FP8", "skipped"),
+        ("kernel-line-500", None, "failed"),
+    ],
 )
-def test_a_kernel_line_in_the_log_skips_only_a_crash(zoo_model, fake_vllm, behaviour, status):
-    """The server's log names a missing kernel: a server that never gets ready, or a request it
-    refuses (400), is still a failure; only a request it fails with HTTP 500 (or a server that
-    exits, test_missing_kernel_is_skipped_with_vllms_reason) is skipped, on that one line."""
+def test_a_kernel_line_in_the_log_skips_only_a_crash(
+    zoo_model, fake_vllm, tmp_path, behaviour, preset, status
+):
+    """The server's log names a missing kernel (static FP8's stub op): a server that never gets
+    ready, or a request it refuses (400), is still a failure; only a request it fails with HTTP
+    500 (or a server that exits, test_missing_kernel_is_skipped_with_vllms_reason) is skipped, on
+    that one line, and only for a scheme quantkit ships (the unquantized model is none: failed)."""
     fake_vllm(behaviour)
-    result = check_served(zoo_model("tiny-qwen2.5-omni"), ready_timeout=5, request_timeout=30)
+    checkpoint = omni_labelled(zoo_model, tmp_path, preset) if preset else zoo_model("tiny-qwen2.5-omni")
+    result = check_served(checkpoint, ready_timeout=5, request_timeout=30)
     assert result.status == status, result.reason
     if status == "skipped":
         assert result.reason.endswith(f"(text request): InternalServerError: {KERNEL_LINE}"), result.reason

@@ -190,13 +190,15 @@ def test_drift_per_modality_and_task_and_threshold_breach(zoo_model, demo_pool, 
 
 def test_only_known_kernel_messages_are_skips():
     """vLLM's own "no kernel here" messages (stub ops, absent ops, kernel selection) read as
-    skipped; anything else, a NotImplementedError included, is a failure."""
+    skipped for a scheme quantkit ships; anything else, a NotImplementedError included, is a
+    failure, and so is every one of them for a scheme quantkit does not ship."""
     absent = {
         "stage": "generate",
         "error_type": "AttributeError",
         "message": "'_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'",
     }
     assert classify_failure(absent, ["W4A16_ASYM"])[0] == "skipped"
+    assert classify_failure(absent, None)[0] == "failed"
     stub = {
         "stage": "load",
         "error_type": "RuntimeError",
@@ -205,6 +207,7 @@ def test_only_known_kernel_messages_are_skips():
     }
     status, reason = classify_failure(stub, ["FP8"])
     assert status == "skipped" and "no kernel for FP8" in reason and "static_scaled_fp8_quant" in reason
+    assert classify_failure(stub, None)[0] == "failed"
     selection = {
         "stage": "load",
         "error_type": "ValueError",

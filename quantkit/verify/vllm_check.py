@@ -44,11 +44,13 @@ MISSING_KERNEL_MESSAGES = (
         r"_C::\w+\(\) -> \(\)",
         "vLLM's CPU C extension registers some CUDA-only ops as argument-less stubs "
         "(static_scaled_fp8_quant: vllm/_custom_ops.py calls it for static FP8 input scales)",
+        shipped_scheme_only=True,
     ),
     KernelMessage(
         r"'_OpNamespace' '_C' object has no attribute '\w+'",
         "an op the CPU C extension was built without (cpu_gemm_wna16 without AVX-512), called "
         "from vllm/_custom_ops.py by vllm/model_executor/kernels/linear/mixed_precision/cpu.py",
+        shipped_scheme_only=True,
     ),
     KernelMessage(
         r"Failed to find a kernel that can implement the \w+ linear layer",
