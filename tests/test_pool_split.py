@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -280,3 +281,87 @@ def _children() -> list[int]:
             if int(stat.rpartition(")")[2].split()[1]) == me:
                 found.append(int(entry.name))
     return found
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_ctrl_c_while_waiting_for_the_children_leaves_none_behind(demo_pool, tmp_path, monkeypatch):
+    pool = _write(tmp_path / "pool.jsonl", [json.dumps(r) for r in _demo_records(demo_pool) * 20])
+    fds = _open_fds()
+    real_fdopen = os.fdopen
+
+    class Interrupted:  # the read of a child's result, interrupted; the descriptor closed on exit
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+        def read(self):
+            raise KeyboardInterrupt
+
+    def fdopen(fd, mode="r", *args, **kwargs):
+        handle = real_fdopen(fd, mode, *args, **kwargs)
+        return Interrupted(handle) if "r" in mode else handle
+
+    monkeypatch.setattr(split.os, "fdopen", fdopen)
+    with pytest.raises(KeyboardInterrupt):
+        _read(pool, demo_pool.parent, tmp_path, 4)
+    assert _children() == [] and _open_fds() == fds
+
+
+def test_a_refused_fork_reads_in_one_process_and_says_so(demo_pool, tmp_path, monkeypatch):
+    media = Media(tmp_path / "media")
+    pool = _write(tmp_path / "pool.jsonl", _mixed_lines(demo_pool, media))
+    one = _snapshot(_read(pool, demo_pool.parent, tmp_path, 1, skip_invalid=True))
+    real_fork, forks = os.fork, []
+
+    def fork():
+        forks.append(1)
+        if len(forks) > 1:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        return real_fork()
+
+    monkeypatch.setattr(split.os, "fork", fork)
+    fds = _open_fds()
+    got = _snapshot(_read(pool, demo_pool.parent, tmp_path, 3, skip_invalid=True))
+    refused = (
+        "pool.jsonl: could not start a process to read part of it "
+        "([Errno 11] Resource temporarily unavailable); read in one process"
+    )
+    assert got.pop("notes") == [refused, *one.pop("notes")]
+    assert got == one
+    assert _children() == [] and _open_fds() == fds
+
+
+def test_an_error_after_the_fork_leaves_no_child(demo_pool, tmp_path, monkeypatch):
+    from quantkit.pool import read as pool_read
+
+    pool = _write(tmp_path / "pool.jsonl", [json.dumps(r) for r in _demo_records(demo_pool) * 20])
+
+    def no_thread(*args):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(pool_read, "_in_background", no_thread)
+    with pytest.raises(RuntimeError, match="new thread"):
+        _read(pool, demo_pool.parent, tmp_path, 3)
+    assert _children() == []
+
+
+def test_children_run_with_ctrl_c_blocked_and_this_process_without(demo_pool, tmp_path, monkeypatch):
+    # A child's SIGINT would unwind into the caller's code (the calibrate command's cleanup
+    # removes the media store the parent still uses); it is blocked there, never here.
+    pool = _write(tmp_path / "pool.jsonl", [json.dumps(r) for r in _demo_records(demo_pool) * 20])
+
+    def report_mask(self, *args):
+        raise RuntimeError(f"SIGINT blocked: {signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])}")
+
+    monkeypatch.setattr(split.SplitRead, "_read_part", report_mask)
+    result = _read(pool, demo_pool.parent, tmp_path, 2)
+    assert "(RuntimeError: SIGINT blocked: True)" in result.notes[0]
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])

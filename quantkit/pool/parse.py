@@ -92,9 +92,10 @@ class MediaProbe:
             raise RecordError(f"{path.name}: {result}")
         return result
 
-    def entries(self) -> dict:
-        """What was probed, by kind and path: for another probe (a part read in another process)."""
-        return dict(self._cache)
+    def entries(self, since: int = 0) -> dict:
+        """What was probed, by kind and path, from the ``since``-th file on (in probing order): for
+        another probe (a part read in another process)."""
+        return dict(list(self._cache.items())[since:])
 
     def add_entries(self, entries: dict) -> None:
         """Take another probe's results for the files this one has not probed."""

@@ -151,22 +151,22 @@ def _read_sources(
         before = len(index.group)
         origins_before = _origin_totals(assigner)
         context = ParseContext(
-                roots=MediaRoots(source.base, tuple(media_roots)),
-                store=store,
-                source=str(path),
-                named=source.named,
-                dataset=source.dataset,
-                spec=source.spec,
-                taxonomy=taxonomy,
-                buckets=taxonomy.buckets,
-                image_rule=rule,
-                task_field=task_field,
-                probe=probe,
-                result=result,
-                stats=stats,
-                assigner=assigner,
-                source_index=number_of_source,
-            )
+            roots=MediaRoots(source.base, tuple(media_roots)),
+            store=store,
+            source=str(path),
+            named=source.named,
+            dataset=source.dataset,
+            spec=source.spec,
+            taxonomy=taxonomy,
+            buckets=taxonomy.buckets,
+            image_rule=rule,
+            task_field=task_field,
+            probe=probe,
+            result=result,
+            stats=stats,
+            assigner=assigner,
+            source_index=number_of_source,
+        )
         parser = RecordParser(context)
         parse = parser.parse
         index.sources.append(str(path))
@@ -176,33 +176,42 @@ def _read_sources(
             parts = part_count(path.stat().st_size, workers)
             if parts > 1:
                 bounds = part_bounds(path, parts)
-                if len(bounds) > 1:  # forked before the hashing thread starts
+                if len(bounds) > 1:  # forked before the hashing thread starts; None if it could not fork
                     split = SplitRead(path, bounds, context, parser, skip_invalid).start()
-        # The file's hash is computed beside the parsing: hashlib and file reads release the GIL.
-        digest = _in_background(sha256_file if path.is_file() else _folder_hash, path)
+        try:
+            # The file's hash is computed beside the parsing: hashlib and file reads release the GIL.
+            digest = _in_background(sha256_file if path.is_file() else _folder_hash, path)
 
-        def on_error(number: int, err: RecordError, path: Path = path, stats: SourceStats = stats) -> None:
-            if not skip_invalid:
-                raise InputError(
-                    str(err), path=path, line=number, hint="fix the record, or pass --skip-invalid to skip it"
-                ) from None
-            result.skipped.append(SkippedRecord(str(path), number, str(err)))
-            stats.skipped[reason_kind(str(err))] += 1
+            def on_error(
+                number: int, err: RecordError, path: Path = path, stats: SourceStats = stats
+            ) -> None:
+                if not skip_invalid:
+                    raise InputError(
+                        str(err),
+                        path=path,
+                        line=number,
+                        hint="fix the record, or pass --skip-invalid to skip it",
+                    ) from None
+                result.skipped.append(SkippedRecord(str(path), number, str(err)))
+                stats.skipped[reason_kind(str(err))] += 1
 
-        if split is not None:
-            split.read(on_error, on_bytes)
-        elif source.kind == "jsonl":
-            read_jsonl(path, parse, on_error, on_bytes)
-        elif source.kind == "json":
-            read_json_array(path, parse, on_error, on_bytes)
-        else:
-            for number, row in iter_table(path, source.split):
-                try:
-                    parse(row, number, number - 1)
-                except RecordError as err:
-                    on_error(number, err)
-                except UnicodeEncodeError as err:
-                    on_error(number, not_unicode(err))
+            if split is not None:
+                split.read(on_error, on_bytes)
+            elif source.kind == "jsonl":
+                read_jsonl(path, parse, on_error, on_bytes)
+            elif source.kind == "json":
+                read_json_array(path, parse, on_error, on_bytes)
+            else:
+                for number, row in iter_table(path, source.split):
+                    try:
+                        parse(row, number, number - 1)
+                    except RecordError as err:
+                        on_error(number, err)
+                    except UnicodeEncodeError as err:
+                        on_error(number, not_unicode(err))
+        finally:
+            if split is not None:  # whatever stopped the read: no child left running
+                split.close()
         _count_source(stats, index, before, assigner, origins_before)
         result.inputs[str(path)] = digest()
     return result

@@ -9,7 +9,11 @@ counters, the task assigner's counts and its media probes. Merged in file order,
 groups renumbered, they give the PoolIndex, groups (numbered by first appearance), errors and
 counts of a single reader, so every output is the same whatever the number of parts.
 
-A child that fails in any way costs only time: the parts after the first are then read here.
+A child that fails in any way, or a system that refuses a process, costs time and adds a note to
+the result (and so to the set's report): the parts are then read here. Children run with SIGINT
+blocked and are killed by this process when it stops for any reason, Ctrl-C included; threads
+running at fork (rich's progress refresh) are never touched in a child. A child orphaned by a
+SIGKILL of this process reads to the end of its part, then exits on the closed pipe.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import contextlib
 import mmap
 import os
 import pickle
+import select
 import signal
 import struct
 from collections.abc import Callable
@@ -92,28 +97,52 @@ class SplitRead:
         self.path, self.bounds, self.context, self.parser = path, bounds, context, parser
         self.skip_invalid = skip_invalid
         self.children: list[_Child] = []
+        self._parent = os.getpid()
         self.progress = mmap.mmap(-1, _SLOT.size * len(bounds))
         self.counted = [0] * len(bounds)  # children's bytes given to on_bytes so far
 
-    def start(self) -> SplitRead:
+    def start(self) -> SplitRead | None:
+        """Fork the children; None (none left running, a note in the result) where the system
+        refuses a process or a pipe: the caller then reads the source in this process."""
         index = self.context.result.index
-        marks = (len(index.groups), len(index.group), len(index.ids))
-        for slot, (start, stop) in enumerate(self.bounds[1:], start=1):
-            read_end, write_end = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # the child: never returns
-                os.close(read_end)
-                self._child_main(slot, start, stop, marks, write_end)
-            os.close(write_end)
-            self.children.append(_Child(pid, read_end, start, stop))
+        marks = (len(index.groups), len(index.group), len(index.ids), len(self.context.probe.entries()))
+        try:
+            for slot, (start, stop) in enumerate(self.bounds[1:], start=1):
+                read_end, write_end = os.pipe()
+                # SIGINT (Ctrl-C reaches the whole process group) stays blocked in the child for
+                # its life: it never unwinds into this process's code (whose cleanup would remove
+                # the media store); this process kills it instead. Here it waits until after fork.
+                blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+                try:
+                    pid = os.fork()
+                except OSError:
+                    os.close(read_end)
+                    os.close(write_end)
+                    raise
+                finally:
+                    if os.getpid() == self._parent:
+                        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+                if pid == 0:  # the child: never returns
+                    self._child_main(slot, start, stop, marks, read_end, write_end)
+                os.close(write_end)
+                self.children.append(_Child(pid, read_end, start, stop))
+        except OSError as err:  # EAGAIN (a process limit), EMFILE (descriptors)
+            self.close()
+            self.context.result.notes.append(
+                f"{self.path.name}: could not start a process to read part of it ({err}); read in one process"
+            )
+            return None
         return self
 
     # -- in a child ----------------------------------------------------------------------------
 
-    def _child_main(self, slot: int, start: int, stop: int, marks: tuple[int, int, int], out: int) -> None:
-        for child in self.children:  # the earlier children's pipes: not ours to hold open
-            os.close(child.pipe)
+    def _child_main(
+        self, slot: int, start: int, stop: int, marks: tuple[int, ...], read_end: int, out: int
+    ) -> None:
         try:
+            os.close(read_end)
+            for child in self.children:  # the earlier children's pipes: not ours to hold open
+                os.close(child.pipe)
             try:
                 payload = self._read_part(slot, start, stop, marks)
             except BaseException as err:  # anything: this process reads the part itself
@@ -121,13 +150,13 @@ class SplitRead:
             with os.fdopen(out, "wb") as handle:
                 pickle.dump(payload, handle, protocol=pickle.HIGHEST_PROTOCOL)
         finally:
-            os._exit(0)  # no atexit handlers, no flushing of the parent's buffers
+            os._exit(0)  # no atexit handlers, no flushing of the parent's buffers, no unwinding
 
-    def _read_part(self, slot: int, start: int, stop: int, marks: tuple[int, int, int]) -> dict:
+    def _read_part(self, slot: int, start: int, stop: int, marks: tuple[int, ...]) -> dict:
         context, parser = self.context, self.parser
         result, assigner = context.result, context.assigner
         index = result.index
-        groups_before, records_before, ids_before = marks
+        groups_before, records_before, ids_before, probes_before = marks
         # Counters the parser adds to, emptied: what the part adds is then all they hold.
         result.modality_mismatches.clear()
         context.stats.modalities.clear()
@@ -174,7 +203,7 @@ class SplitRead:
             "mismatches": dict(result.modality_mismatches),
             "modalities": dict(context.stats.modalities),
             "assigner": assigner.part_state() if assigner is not None else None,
-            "probes": context.probe.entries(),
+            "probes": context.probe.entries(since=probes_before),
         }
 
     # -- in this process -----------------------------------------------------------------------
@@ -202,10 +231,15 @@ class SplitRead:
         lines = read_jsonl(self.path, self.parser.parse, on_error, report, start=start, stop=stop)
         payloads = []
         for child in self.children:
-            with os.fdopen(child.pipe, "rb") as handle:
+            fd, child.pipe = child.pipe, -1  # the file object below owns (and closes) it
+            with os.fdopen(fd, "rb") as handle:
+                if on_bytes is not None:  # the bar moves while the children finish
+                    while not select.select([fd], [], [], 0.2)[0]:
+                        if new := self.children_bytes():
+                            on_bytes(new)
                 data = handle.read()
-            child.pipe = -1
-            os.waitpid(child.pid, 0)
+            with contextlib.suppress(ChildProcessError):  # (a host that ignores SIGCHLD reaps it)
+                os.waitpid(child.pid, 0)
             child.pid = 0
             try:
                 payload = pickle.loads(data)
@@ -279,7 +313,8 @@ class SplitRead:
         context.probe.add_entries(payload["probes"])
 
     def close(self) -> None:
-        """Stop and reap the children still running (this process failed or was interrupted)."""
+        """Stop and reap the children still running (this process failed or was interrupted).
+        Safe to call again."""
         for child in self.children:
             if child.pipe >= 0:
                 os.close(child.pipe)
@@ -287,6 +322,7 @@ class SplitRead:
             if child.pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(child.pid, signal.SIGKILL)
-                os.waitpid(child.pid, 0)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(child.pid, 0)
                 child.pid = 0
         self.progress.close()
