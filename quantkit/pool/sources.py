@@ -1,6 +1,7 @@
-"""What the user named, as sources to read: pool files (JSONL, JSON arrays, Parquet), folders
-saved with ``save_to_disk``, Hub-layout folders, and LLaMA-Factory data folders through their
-``dataset_info.json`` (each entry a source, with its formatting, columns and tags)."""
+"""What the user named, as sources to read: pool files (JSONL, JSON arrays, Parquet, CSV), folders
+saved with ``save_to_disk``, Hub-layout folders, LLaMA-Factory data folders through their
+``dataset_info.json`` (each entry a source, with its formatting, columns and tags), and InternVL
+meta files (each entry's annotation file a source, its media under the entry's ``root``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from quantkit.pool.formats import FormatSpec
 from quantkit.pool.jsonfile import first_char
 from quantkit.pool.tables import hub_files, is_save_to_disk
 
-FILE_TYPES = (".jsonl", ".json", ".parquet")
+FILE_TYPES = (".jsonl", ".json", ".parquet", ".csv")
+META_MAX_BYTES = 1 << 20  # a .json object this small may be an InternVL meta file (it lists annotations)
 HUB_KEYS = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name")
 ENTRY_KEYS = ("file_name", *HUB_KEYS)
 
@@ -28,6 +30,8 @@ class Source:
     dataset: str | None = None  # the LLaMA-Factory dataset name
     spec: FormatSpec | None = None
     split: str | None = None
+    roots: tuple[Path, ...] = ()  # other folders relative media paths resolve against, after base
+    via: str | None = None  # the file that named it (an InternVL meta file)
 
     @property
     def label(self) -> str:
@@ -40,10 +44,13 @@ class Source:
             "parquet": "Parquet",
             "dataset": "save_to_disk",
             "hub": "Hub Parquet",
+            "csv": "CSV",
         }
         name = kinds[self.kind]
         if self.spec is not None:
             name += f" {self.spec.formatting}"  # as its dataset_info.json entry says
+        if self.via is not None:
+            name += f" (via {self.via})"
         return name
 
 
@@ -56,6 +63,58 @@ def _file_kind(path: Path) -> str:
 
 def _file_source(path: Path, named: str, base: Path, **extra) -> Source:
     return Source(path=path.resolve(), named=named, kind=_file_kind(path), base=base.resolve(), **extra)
+
+
+def _llamafactory_root(path: Path) -> tuple[Path, ...]:
+    """The LLaMA-Factory data folder (its dataset_info.json) above a file named on its own: media
+    paths there are relative to it (LLaMA-Factory's media_dir defaults to dataset_dir)."""
+    for folder in list(path.resolve().parents)[1:4]:
+        if (folder / "dataset_info.json").is_file():
+            return (folder,)
+    return ()
+
+
+def internvl_meta(path: Path) -> dict | None:
+    """An InternVL meta file's entries (``{name: {"root", "annotation", ...}}``), or None when the
+    file is not one (a small JSON object whose every value names an ``annotation``)."""
+    if path.suffix.lower() != ".json" or path.stat().st_size > META_MAX_BYTES or first_char(path) != "{":
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(data, dict) and data and all(isinstance(v, dict) and "annotation" in v for v in data.values()):
+        return data
+    return None
+
+
+def _near(text: str, meta: Path) -> Path:
+    """A path an InternVL meta file gives, relative to the folder InternVL is started in (its
+    internvl_chat folder, a few levels above the meta file in shell/data/): the first of the
+    meta file's folder and its parents where it exists, else the current folder."""
+    for folder in [meta.parent, *meta.resolve().parents][:4]:
+        if (folder / text).exists():
+            return folder / text
+    return Path(text)
+
+
+def read_internvl_meta(path: Path, entries: dict) -> tuple[list[Source], list[str]]:
+    """Each entry's annotation file as a source, its media relative to the entry's ``root``."""
+    sources, notes = [], []
+    for name, entry in entries.items():
+        annotation = entry.get("annotation")
+        if not isinstance(annotation, str) or not annotation:
+            raise InputError(f"InternVL meta entry {name!r}: 'annotation' must be a file path", path=path)
+        file = _near(annotation, path)
+        if not file.is_file():
+            notes.append(f"{path.name}: {name!r} not read: annotation file {annotation} not found")
+            continue
+        root = entry.get("root")
+        base = _near(root, path) if isinstance(root, str) and root else file.parent
+        sources.append(
+            _file_source(file, str(file), base, dataset=name, roots=(file.parent.resolve(),), via="InternVL meta")
+        )
+    return sources, notes
 
 
 def is_llamafactory_folder(folder: Path) -> bool:
@@ -122,9 +181,6 @@ def read_dataset_info(folder: Path, wanted: tuple[str, ...]) -> tuple[list[Sourc
             hub = next((entry[k] for k in HUB_KEYS if entry.get(k)), None)
             not_read(name, f"on a hub only ({hub}); quantkit works offline: download it and name the file")
             continue
-        if entry.get("ranking"):
-            not_read(name, "preference (ranking) data: calibrate takes the chosen answers of plain data only")
-            continue
         target = folder / file_name
         if not target.exists():
             not_read(name, f"file {file_name} not found")
@@ -136,7 +192,7 @@ def read_dataset_info(folder: Path, wanted: tuple[str, ...]) -> tuple[list[Sourc
             else [target]
         )
         if not files or any(p.suffix.lower() not in FILE_TYPES for p in files):
-            not_read(name, f"{file_name}: calibrate reads .json, .jsonl and .parquet files")
+            not_read(name, f"{file_name}: calibrate reads .json, .jsonl, .parquet and .csv files")
             continue
         for file in files:  # LLaMA-Factory resolves media against the data folder (media_dir)
             sources.append(
@@ -176,9 +232,17 @@ def resolve_sources(
             continue
         if path.suffix.lower() not in FILE_TYPES:
             raise InputError(
-                f"unsupported pool file type {path.suffix!r}", path=path, hint="use .jsonl, .json or .parquet"
+                f"unsupported pool file type {path.suffix!r}",
+                path=path,
+                hint="use .jsonl, .json, .parquet or .csv",
             )
-        sources.append(_file_source(path, str(path), path.parent))
+        meta = internvl_meta(path)
+        if meta is not None:
+            found, skipped = read_internvl_meta(path, meta)
+            sources += found
+            notes += skipped
+            continue
+        sources.append(_file_source(path, str(path), path.parent, roots=_llamafactory_root(path)))
     if datasets and not lf_folders:
         raise InputError(
             "--dataset names entries of a LLaMA-Factory dataset_info.json, and no pool given is such a folder",
