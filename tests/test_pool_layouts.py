@@ -59,6 +59,9 @@ def test_llava_image_folder_error_names_the_media_root_then_reads(tmp_path):
     assert f"image file not found: part-000000/1.jpg (looked in {pool.parent})" in output
     assert f"pass --media-root {tmp_path / 'playground' / 'data' / 'coco'}" in output
     assert "--skip-invalid" not in output
+    skipped, _ = calibrate(pool, "--task", "*=short_caption", "--skip-invalid", "--output", tmp_path / "o")
+    assert skipped.exit_code == 2 and "all 3 record(s) were invalid" in skipped.output
+    assert "--media-root" in skipped.output  # the reason, whole
     result, rows = calibrate(
         pool, "--task", "*=short_caption", "--media-root", tmp_path / "playground" / "data" / "coco",
         "--output", tmp_path / "o",
@@ -122,11 +125,13 @@ def test_videos_given_as_frame_lists(tmp_path):
                                          {"type": "text", "text": "What happens in the clip?"}]},
             {"role": "assistant", "content": "The colour changes."}]}
     ]  # fmt: skip
-    lf = [{"messages": turns("<video>Describe the video.", "Squares."), "videos": [frames[1]]}]
+    lf = [{"messages": turns("<video>Describe the video.", "Squares."), "videos": [frames[1]]},
+          {"video": frames[0], "conversations": turns("<video>\nAnd this one?", "Grey.", sharegpt=True)}]
     pools = [write_jsonl(tmp_path / "qwen_frames.jsonl", qwen), write_json(tmp_path / "lf_frames.json", lf)]
     result, rows = calibrate(*pools, "--task", "*=video_caption", "--output", tmp_path / "o")
     assert result.exit_code == 0, result.output
-    assert len(rows) == 2 and all(r["modality"] == "video" and len(r["videos"]) == 1 for r in rows)
+    assert len(rows) == 3 and all(r["modality"] == "video" and len(r["videos"]) == 1 for r in rows)
+    assert by_text(rows, "And this one?")["videos"] == by_text(rows, "What happens in the clip?")["videos"]  # the same frames
     from quantkit.media import probe_video
 
     clip = by_text(rows, "What happens in the clip?")
@@ -135,7 +140,7 @@ def test_videos_given_as_frame_lists(tmp_path):
     assert (info.width, info.height) == (64, 48) and info.duration_s == pytest.approx(2.0, abs=0.6)
     table = dry_run(*pools, task_mappings=("*=video_caption",))
     assert table[str(pools[0])]["format"] == "JSONL: messages + video frames"
-    assert table[str(pools[1])]["format"] == "JSON array: chat turns"  # (the fast path reads it)
+    assert table[str(pools[1])]["format"] == "JSON array: ShareGPT + video frames, chat turns"
 
 
 def test_llava_video_annotations_with_an_image_token(tmp_path):

@@ -17,9 +17,10 @@ def calibrate(
     pools: Annotated[
         list[Path],
         typer.Argument(
-            help="Your training data as it is (calibration/POOL_FORMAT.md): JSONL or JSON files in the "
-            "ms-swift / LLaMA-Factory / ShareGPT / alpaca / OpenAI formats, a LLaMA-Factory data folder "
-            "(with dataset_info.json), Parquet, a save_to_disk folder or a Hub-layout folder.",
+            help="Your training data as it is (docs/formats.md lists every format): JSONL, JSON or CSV "
+            "files in the ms-swift / LLaMA-Factory / ShareGPT / alpaca / OpenAI / LLaVA / TRL / ... "
+            "formats, a LLaMA-Factory data folder (with dataset_info.json), an InternVL meta file, "
+            "Parquet, a save_to_disk folder or a Hub-layout folder.",
             show_default=False,
         ),
     ],

@@ -95,10 +95,14 @@ def read_pool(
     result.notes = notes + result.notes
     unassigned = sum(stats.task_origins.get("none", 0) for stats in result.sources)
     if not len(result.index) and not unassigned:
+        why = list(result.notes)  # what was not read, and why
+        if result.skipped:
+            first = result.skipped[0]
+            why.insert(0, f"all {len(result.skipped)} record(s) were invalid, the first {first.source}:{first.line}: {first.reason}")
         raise InputError(
             "the pool has no valid records",
             path=sources[0].path if len(sources) == 1 else None,
-            hint="; ".join(result.notes) or None,  # (what was not read, and why)
+            hint="; ".join(why) or None,
         )
     result.duplicates = drop_duplicates(result.index)
     count, examples = id_conflicts(result.index)
