@@ -379,6 +379,18 @@ def test_plain_chat_records_report_their_format_and_nothing_ignored(tmp_path):
     assert row["format"] == "JSONL: chat turns" and row["ignored"] == {}
 
 
+@pytest.mark.parametrize("spelling", ["system", "system_prompt", "system_message", "sys_prompt", "developer"])
+def test_system_prompts_in_every_spelling_are_kept(tmp_path, spelling):
+    chat = turns("Hello", "Hi!")
+    record = (
+        {"messages": [{"role": "developer", "content": "Be brief."}, *chat]}
+        if spelling == "developer"
+        else {spelling: "Be brief.", "messages": chat}
+    )
+    rows, source = read(write_jsonl(tmp_path / "pool.jsonl", [record]), "text_chat", tmp_path / "o")
+    assert rows[0]["messages"][0] == {"role": "system", "content": "Be brief."} and source["ignored"] == {}
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="reading in parts needs os.fork")
 def test_formats_and_ignored_fields_are_the_same_read_in_parts(demo_pool, tmp_path):
     from test_pool_split import _demo_records, _read, _write

@@ -395,6 +395,7 @@ def _is_frame_list(items: list) -> bool:
     )
 
 
+_EMPTY = (None, "", [], {})
 _IMAGE_SUFFIXES = {"jpg", "jpeg", "png", "webp", "bmp", "gif"}
 # Where a record may give its system prompt, in the frameworks' spellings (LLaMA-Factory / ms-swift
 # / alpaca: system; lmms-finetune: system_prompt; others: system_message, sys_prompt).
@@ -574,7 +575,10 @@ def _finish(record: Mapping, spec: FormatSpec, turns: _Turns, label: str, used: 
             first["content"] = f"<{kind}>" * len(media) + first["content"]
         result[LIST_FIELDS[kind]] = media
     result["format"] = " + ".join(dict.fromkeys(labels))
-    result["unused"] = sorted(turns.unused.union(k for k in record if k not in used))
+    # (a table's column without a value in this row is not a field left out)
+    result["unused"] = sorted(
+        turns.unused.union(k for k in record if k not in used and record[k] not in _EMPTY)
+    )
     return result
 
 
