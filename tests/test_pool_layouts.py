@@ -111,6 +111,32 @@ def test_llamafactory_file_named_alone_resolves_media_against_its_data_folder(tm
     assert all(Path(r["images"][0]).parent == data / "mllm_demo_data" for r in rows)
 
 
+def test_llamafactory_training_config_with_media_dir(tmp_path):
+    """A LLaMA-Factory training config names its datasets, dataset_dir and media_dir, relative to
+    the folder LLaMA-Factory runs in: the config is the pool."""
+    repo = tmp_path / "LLaMA-Factory"
+    media = Media(repo / "assets")
+    records = [
+        {"messages": turns("<image>What is shown?", f"Item {i}."), "images": [media.image("shots")]}
+        for i in range(2)
+    ]
+    write_json(repo / "data" / "mine.json", records)
+    write_json(repo / "data" / "other.json", [{"instruction": "hi", "output": "hello"}])
+    info = {"mine": {"file_name": "mine.json", "formatting": "sharegpt",
+                     "columns": {"messages": "messages", "images": "images"},
+                     "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
+                              "assistant_tag": "assistant"}},
+            "other": {"file_name": "other.json"}}  # fmt: skip
+    (repo / "data" / "dataset_info.json").write_text(json.dumps(info))
+    config = repo / "examples" / "train_lora" / "qwen2_5vl_lora_sft.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text("model_name_or_path: Qwen/Qwen2.5-VL-7B-Instruct\nstage: sft\ndataset: mine\n"
+                      "dataset_dir: data\nmedia_dir: assets\ntemplate: qwen2_vl\n")  # fmt: skip
+    result, rows = calibrate(config, "--task", "mine=short_caption", "--output", tmp_path / "o")
+    assert result.exit_code == 0, result.output
+    assert len(rows) == 2 and all(Path(r["images"][0]).parent == repo / "assets" / "shots" for r in rows)
+
+
 # --- videos --------------------------------------------------------------------------------------
 
 

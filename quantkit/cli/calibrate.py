@@ -19,7 +19,8 @@ def calibrate(
         typer.Argument(
             help="Your training data as it is (docs/formats.md lists every format): JSONL, JSON or CSV "
             "files in the ms-swift / LLaMA-Factory / ShareGPT / alpaca / OpenAI / LLaVA / TRL / ... "
-            "formats, a LLaMA-Factory data folder (with dataset_info.json), an InternVL meta file, "
+            "formats, a LLaMA-Factory data folder (with dataset_info.json) or training config (YAML), "
+            "an InternVL meta file, "
             "Parquet, a save_to_disk folder or a Hub-layout folder.",
             show_default=False,
         ),

@@ -16,6 +16,7 @@ from quantkit.pool.jsonfile import first_char
 from quantkit.pool.tables import hub_files, is_save_to_disk
 
 FILE_TYPES = (".jsonl", ".json", ".parquet", ".csv")
+CONFIG_TYPES = (".yaml", ".yml")  # a LLaMA-Factory training config names its data
 META_MAX_BYTES = 1 << 20  # a .json object this small may be an InternVL meta file (it lists annotations)
 HUB_KEYS = ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name")
 ENTRY_KEYS = ("file_name", *HUB_KEYS)
@@ -88,11 +89,41 @@ def internvl_meta(path: Path) -> dict | None:
     return None
 
 
+def read_llamafactory_config(path: Path, wanted: tuple[str, ...]) -> tuple[list[Source], list[str]]:
+    """A LLaMA-Factory training config (YAML): its ``dataset`` entries of ``dataset_info.json`` in
+    ``dataset_dir`` (default ``data``), media under ``media_dir`` (default ``dataset_dir``); the
+    paths relative to the folder LLaMA-Factory runs in (found as for InternVL meta files)."""
+    import yaml
+
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise InputError(f"not a readable YAML file: {err}", path=path) from None
+    if not isinstance(config, dict) or not config.get("dataset"):
+        raise InputError(
+            "a YAML pool must be a LLaMA-Factory training config with a `dataset:` key",
+            path=path,
+            hint="name the data files, or the folder holding dataset_info.json",
+        )
+    folder = _near(str(config.get("dataset_dir") or "data"), path)
+    if not (folder / "dataset_info.json").is_file():
+        raise InputError(f"dataset_dir {folder} holds no dataset_info.json", path=path)
+    listed = config["dataset"]
+    listed = ",".join(map(str, listed)) if isinstance(listed, list) else str(listed)
+    names = wanted or tuple(n.strip() for n in listed.split(",") if n.strip())
+    media = config.get("media_dir")
+    media_dir = _near(str(media), path) if media else None
+    if media_dir is not None and not media_dir.is_dir():
+        raise InputError(f"media_dir {media_dir} is not a folder", path=path)
+    return read_dataset_info(folder, names, media_dir)
+
+
 def _near(text: str, meta: Path) -> Path:
-    """A path an InternVL meta file gives, relative to the folder InternVL is started in (its
-    internvl_chat folder, a few levels above the meta file in shell/data/): the first of the
-    meta file's folder and its parents where it exists, else the current folder."""
-    for folder in [meta.parent, *meta.resolve().parents][:4]:
+    """A path an InternVL meta file (or a LLaMA-Factory config) gives, relative to the folder the
+    framework is started in (InternVL's internvl_chat, a few levels above the meta file in
+    shell/data/): the first of the file's folder and its parents where it exists, else the
+    current folder."""
+    for folder in dict.fromkeys([meta.parent.resolve(), *meta.resolve().parents][:4]):
         if (folder / text).exists():
             return folder / text
     return Path(text)
@@ -144,9 +175,12 @@ def _spec(name: str, entry: dict, info: Path) -> FormatSpec:
     return FormatSpec(formatting=formatting, columns=dict(columns), tags=dict(tags))
 
 
-def read_dataset_info(folder: Path, wanted: tuple[str, ...]) -> tuple[list[Source], list[str]]:
+def read_dataset_info(
+    folder: Path, wanted: tuple[str, ...], media_dir: Path | None = None
+) -> tuple[list[Source], list[str]]:
     """The sources a LLaMA-Factory data folder holds: the entries named in ``wanted`` (all of
-    them must exist and be local), or every entry whose file exists, with a note of the others."""
+    them must exist and be local), or every entry whose file exists, with a note of the others.
+    Media resolve against ``media_dir`` (a training config's; by default the data folder)."""
     info = folder / "dataset_info.json"
     try:
         data = json.loads(info.read_text(encoding="utf-8"))
@@ -194,9 +228,12 @@ def read_dataset_info(folder: Path, wanted: tuple[str, ...]) -> tuple[list[Sourc
         if not files or any(p.suffix.lower() not in FILE_TYPES for p in files):
             not_read(name, f"{file_name}: calibrate reads .json, .jsonl, .parquet and .csv files")
             continue
-        for file in files:  # LLaMA-Factory resolves media against the data folder (media_dir)
+        for file in files:  # LLaMA-Factory resolves media against media_dir, by default the data folder
             sources.append(
-                _file_source(file, str(folder / file.relative_to(folder)), folder, dataset=name, spec=spec)
+                _file_source(
+                    file, str(folder / file.relative_to(folder)), media_dir or folder, dataset=name, spec=spec,
+                    roots=(folder.resolve(),) if media_dir is not None else (),
+                )
             )
     return sources, notes
 
@@ -229,6 +266,12 @@ def resolve_sources(
                     "`datasets` folder saved with save_to_disk, or a Hub-layout folder of Parquet files",
                     path=path,
                 )
+            continue
+        if path.suffix.lower() in CONFIG_TYPES:
+            lf_folders += 1
+            found, skipped = read_llamafactory_config(path, tuple(datasets))
+            sources += found
+            notes += skipped
             continue
         if path.suffix.lower() not in FILE_TYPES:
             raise InputError(
