@@ -194,6 +194,7 @@ def test_lmms_finetune_system_prompt_and_videos(tmp_path):
         for i in range(2)
     ]  # fmt: skip
     rows, row = read(write_json(tmp_path / "lmms.json", records), "video_caption", tmp_path / "o")
+    assert row["format"] == "JSON array: ShareGPT"
     assert all(r["messages"][0] == {"role": "system", "content": "Answer about the videos."} for r in rows)
     assert all(len(r["videos"]) == 2 for r in rows)
     assert row["ignored"] == {"num_frames": 2}
@@ -257,9 +258,8 @@ def test_axolotl_content_parts_with_base64(tmp_path):
             {"role": "user", "content": [{"type": "image", "path": str(tmp_path / media.image())},
                                          {"type": "text", "text": "Describe the other image."}]},
             {"role": "assistant", "content": [{"type": "text", "text": "A square."}]}]}]  # fmt: skip
-    pool = write_jsonl(tmp_path / "axolotl.jsonl", records)
-    result, rows = calibrate(pool, "--task", "*=short_caption", "--output", tmp_path / "o")
-    assert result.exit_code == 0, result.output
+    rows, source = read(write_jsonl(tmp_path / "axolotl.jsonl", records), "short_caption", tmp_path / "o")
+    assert source["format"] == "JSONL: messages"
     assert len(rows) == 3 and all(Path(r["images"][0]).is_file() for r in rows)
     assert Path(by_text(rows, "Describe the image. 0")["images"][0]).suffix == ".png"
 
@@ -273,9 +273,8 @@ def test_minicpm_v_image_placeholder_map(tmp_path):
                            {"role": "assistant", "content": "The second is greener."}]},
         {"id": "1", "image": first, "conversations": turns("How many boxes?", "One.")},
     ]  # fmt: skip
-    pool = write_json(tmp_path / "minicpm.json", records)
-    result, rows = calibrate(pool, "--task", "*=ocr", "--output", tmp_path / "o")
-    assert result.exit_code == 0, result.output
+    rows, source = read(write_json(tmp_path / "minicpm.json", records), "ocr", tmp_path / "o")
+    assert source["format"] == "JSON array: messages + image map, messages"
     pair = by_text(rows, "Compare")
     assert pair["messages"][0]["content"] == "Compare <image> with\n<image>\n"
     assert [Path(p).name for p in pair["images"]] == [Path(second).name, Path(first).name]  # in text order
@@ -311,9 +310,8 @@ def test_ms_swift_grounding_point(tmp_path):
          "images": [media.image()], "objects": {"ref": [], "bbox": [[919, 112 + i]]}}
         for i in range(2)
     ]  # fmt: skip
-    pool = write_jsonl(tmp_path / "gui.jsonl", records)
-    result, rows = calibrate(pool, "--task", "*=visual_grounding", "--output", tmp_path / "o")
-    assert result.exit_code == 0, result.output
+    rows, source = read(write_jsonl(tmp_path / "gui.jsonl", records), "visual_grounding", tmp_path / "o")
+    assert source["format"] == "JSONL: messages + grounding objects"
     answers = sorted(r["messages"][1]["content"] for r in rows)
     assert answers[0] == "click(start_box='<|box_start|>(919,112)<|box_end|>')"
 

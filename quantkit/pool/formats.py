@@ -528,6 +528,7 @@ def normalize(record: Mapping | list, spec: FormatSpec | None = None) -> dict:
     objects = take("objects")
     if objects not in (None, "", [], {}):
         _substitute_objects(turns, objects)
+        turns.labels.append("grounding objects")
     return _finish(record, spec, turns, label, used)
 
 
