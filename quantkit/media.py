@@ -436,6 +436,8 @@ def _near_index(base: Path, roots: tuple[Path, ...]) -> dict[str, list[Path]]:
     folders = entries = 0
     seen: set[Path] = set()
     for top in [base, *base.parents][: NEAR_LEVELS + 1]:
+        if top.parent == top:  # never the whole file system (and its /proc)
+            break
         layer = [top]
         for _ in range(NEAR_DEPTH + 1):
             following = []
@@ -454,8 +456,11 @@ def _near_index(base: Path, roots: tuple[Path, ...]) -> dict[str, list[Path]]:
                     if folder not in roots:
                         index.setdefault(entry.name, []).append(folder)
                         entries += 1
-                    if entry.is_dir():
-                        following.append(Path(entry.path))
+                    try:
+                        if entry.is_dir():
+                            following.append(Path(entry.path))
+                    except OSError:  # unreadable: not a place media can be read from either
+                        continue
                 if folders >= _NEAR_FOLDERS or entries >= _NEAR_ENTRIES:
                     return index
             layer = following

@@ -431,3 +431,9 @@ def test_formats_and_ignored_fields_are_the_same_read_in_parts(demo_pool, tmp_pa
     assert one["ignored"] == {"data_source": sum('"data_source"' in line for line in lines)}
     assert one["format"] == "JSONL: chat turns, messages"
     assert _read(pool, demo_pool.parent, tmp_path, 3).sources[0].as_dict() == one
+
+
+def test_the_search_for_a_media_root_never_walks_the_whole_file_system():
+    from quantkit.media import MediaRoots
+
+    assert MediaRoots(Path("/no-such-pool-folder/data")).find_root("part-000001/a.jpg") is None
