@@ -9,13 +9,14 @@ PLACEHOLDER = re.compile(r"<(image|video|audio)>")
 # Role spellings of the frameworks, mapped onto the chat roles a calibration set holds (system,
 # user, assistant, tool). ShareGPT (LLaMA-Factory): human, gpt, function_call (the assistant's
 # tool call), observation (the tool's answer). ms-swift: tool_call, tool_response. OpenAI: tool,
-# function.
+# function, developer (a system turn).
 ROLE_ALIASES = {
     "human": "user",
     "gpt": "assistant",
     "user": "user",
     "assistant": "assistant",
     "system": "system",
+    "developer": "system",  # OpenAI's newer name for the system turn
     "tool": "tool",
     "function_call": "assistant",
     "tool_call": "assistant",

@@ -7,7 +7,10 @@ decoders sample only the frames the processor will use.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -366,6 +369,7 @@ class MediaRoots:
         self.base = Path(os.path.normpath(Path(base).absolute()))
         self.roots = (self.base, *(Path(os.path.normpath(Path(r).absolute())) for r in media_roots))
         self.real_roots = tuple(Path(os.path.realpath(r)) for r in self.roots)
+        self._near: dict[str, list[Path]] | None = None  # find_root's listing, made on first use
 
     def _inside(self, path: Path, roots: tuple[Path, ...]) -> bool:
         return any(root == path or root in path.parents for root in roots)
@@ -402,10 +406,65 @@ class MediaRoots:
                 return str(path.relative_to(root))
         return str(path)
 
+    def find_root(self, text: str) -> Path | None:
+        """A folder from which relative ``text`` names an existing file, near the pool: under the
+        pool folder or one of its NEAR_LEVELS parents, NEAR_DEPTH folders down (hidden ones
+        skipped): the --media-root a "not found" message suggests. None if none. The folders are
+        listed once (bounded), so the answer depends only on ``text`` and the files."""
+        if self._near is None:
+            self._near = _near_index(self.base, self.roots)
+        head = Path(text).parts[0] if Path(text).parts else ""
+        for folder in self._near.get(head, ()):
+            if (folder / text).is_file():
+                return folder
+        return None
+
     def describe(self) -> str:
         if len(self.roots) == 1:
             return f"the pool folder {self.base}"
         return "the pool folder and the media roots: " + ", ".join(str(r) for r in self.roots)
+
+
+NEAR_LEVELS, NEAR_DEPTH = 3, 3  # where find_root looks: parents of the pool folder, folders down
+_NEAR_FOLDERS, _NEAR_ENTRIES = 4000, 500_000  # and at most this much of it (an error path only)
+
+
+def _near_index(base: Path, roots: tuple[Path, ...]) -> dict[str, list[Path]]:
+    """Entry name -> the folders (near ``base``, in a fixed order) holding an entry of that
+    name; the places a relative path starting with that name could be found from."""
+    index: dict[str, list[Path]] = {}
+    folders = entries = 0
+    seen: set[Path] = set()
+    for top in [base, *base.parents][: NEAR_LEVELS + 1]:
+        if top.parent == top:  # never the whole file system (and its /proc)
+            break
+        layer = [top]
+        for _ in range(NEAR_DEPTH + 1):
+            following = []
+            for folder in layer:
+                if folder in seen:
+                    continue
+                seen.add(folder)
+                folders += 1
+                try:
+                    children = sorted(os.scandir(folder), key=lambda e: e.name)
+                except OSError:
+                    continue
+                for entry in children:
+                    if entry.name.startswith("."):
+                        continue
+                    if folder not in roots:
+                        index.setdefault(entry.name, []).append(folder)
+                        entries += 1
+                    try:
+                        if entry.is_dir():
+                            following.append(Path(entry.path))
+                    except OSError:  # unreadable: not a place media can be read from either
+                        continue
+                if folders >= _NEAR_FOLDERS or entries >= _NEAR_ENTRIES:
+                    return index
+            layer = following
+    return index
 
 
 # --- verifying media past their headers (calibrate --verify-media) -----------------------------
@@ -469,3 +528,94 @@ def verify_video(path: Path) -> None:
 
 
 VERIFIERS = {"image": verify_image, "video": verify_video, "audio": verify_audio}
+
+
+# --- writing video (frame lists as MP4s; the zoo's generated clips) --------------------------
+
+
+@lru_cache(maxsize=1)
+def video_codec() -> str:
+    """H.264 where this PyAV build has libx264, else MPEG-4 Part 2 (both play in an MP4)."""
+    import av
+
+    try:
+        av.codec.Codec("libx264", "w")
+        return "libx264"
+    except Exception:  # noqa: BLE001 - any failure to find the encoder means "use the fallback"
+        return "mpeg4"
+
+
+def write_mp4(
+    path: Path,
+    frames: Iterator[np.ndarray],
+    size: tuple[int, int],
+    fps: int,
+    audio: np.ndarray | None = None,
+    sample_rate: int = AUDIO_SAMPLE_RATE,
+) -> None:
+    """An MP4 with one yuv420p video stream and, when ``audio`` is given, one mono AAC stream.
+
+    Determinism: with CRF rate control, libx264 gave a differently coded (though identically
+    decoding) stream now and then for the same frames, even on one thread; the rate control and
+    the lookahead work on half-resolution copies of the frames, the suspected source. So: constant
+    QP (which also turns off mbtree and adaptive quantisation), no B-frames, no scene-cut or
+    weighted-prediction analysis, which leaves x264 no use for the lookahead at all; one thread;
+    and the muxer's ``bitexact`` flag. The MP4 muxer writes no creation time unless asked.
+    """
+    import av
+
+    width, height = size
+    assert width % 2 == 0 and height % 2 == 0, "yuv420p needs even frame dimensions"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), mode="w", format="mp4", options={"fflags": "+bitexact"}) as container:
+        video = container.add_stream(video_codec(), rate=fps)
+        video.width, video.height, video.pix_fmt = width, height, "yuv420p"
+        video.time_base = Fraction(1, fps)
+        video.codec_context.thread_count = 1
+        if video_codec() == "libx264":
+            video.options = {
+                "preset": "veryfast",
+                "qp": "28",
+                "x264-params": "bframes=0:scenecut=0:weightp=0",
+            }
+        sound = None
+        if audio is not None:
+            sound = container.add_stream("aac", rate=sample_rate, layout="mono")
+            sound.bit_rate = 24_000
+        for index, pixels in enumerate(frames):
+            frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
+            frame.pts = index
+            container.mux(video.encode(frame))
+        container.mux(video.encode(None))
+        if sound is not None and audio is not None:
+            for offset in range(0, len(audio), 1024):
+                chunk = av.AudioFrame.from_ndarray(
+                    audio[None, offset : offset + 1024], format="fltp", layout="mono"
+                )
+                chunk.sample_rate = sample_rate
+                chunk.pts = offset
+                container.mux(sound.encode(chunk))
+            container.mux(sound.encode(None))
+
+
+def frames_to_mp4(frames: list[Path], fps: int) -> bytes:
+    """An MP4 (as ``write_mp4`` writes it) of image files played at ``fps``, every frame resized
+    to the first one's size (rounded down to even numbers, as yuv420p needs)."""
+    import tempfile
+
+    from PIL import Image
+
+    pictures = []
+    for path in frames:
+        try:
+            with Image.open(path) as image:
+                pictures.append(image.convert("RGB"))
+        except (OSError, ValueError) as err:
+            raise MediaError(f"video frame {path.name}: unreadable image: {err}") from None
+    width, height = pictures[0].size
+    size = (max(2, width - width % 2), max(2, height - height % 2))
+    arrays = (np.asarray(p if p.size == size else p.resize(size)) for p in pictures)
+    with tempfile.TemporaryDirectory(prefix="quantkit-frames-") as folder:
+        target = Path(folder) / "frames.mp4"
+        write_mp4(target, arrays, size, fps)
+        return target.read_bytes()

@@ -505,8 +505,8 @@ def test_dry_run_prints_the_source_table_and_writes_nothing(tmp_path, monkeypatc
     assert table["mllm_demo"]["task_origins"] == {"mapping": 3} and table["mllm_demo"]["modalities"] == {"multi-image": 3}
     assert table["alpaca_en_demo"]["format"] == "JSON array alpaca"
     assert table[str(extra)] == {
-        "name": str(extra), "format": "JSONL", "records": 1, "skipped": {"turn … has unknown role …": 1},
-        "task_origins": {"rule": 1}, "modalities": {"text": 1},
+        "name": str(extra), "format": "JSONL: chat turns", "records": 1, "skipped": {"turn … has unknown role …": 1},
+        "task_origins": {"rule": 1}, "modalities": {"text": 1}, "ignored": {},
     }  # fmt: skip
 
 

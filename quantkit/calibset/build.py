@@ -23,6 +23,7 @@ from quantkit.media import MediaStore
 from quantkit.pool import PoolReadResult, PoolRecord, gc_paused, read_pool
 from quantkit.pool.index import PoolIndex
 from quantkit.pool.read import reason_kind
+from quantkit.pool.record import ignored_text
 from quantkit.taxonomy import DEFAULT_TAXONOMY, Taxonomy, load_taxonomy
 
 SET_FORMAT = "quantkit-calibration-set"
@@ -52,6 +53,7 @@ class CalibrateOptions:
     split: str | None = None  # the split of a DatasetDict / Hub-layout folder
     verify_media: tuple[str, ...] = ("image", "audio")  # kinds checked to decode to their end
     workers: int | None = None  # processes a big JSONL file is read in (None: one per CPU)
+    ignore_fields: tuple[str, ...] = ()  # unused record fields that may hold media (--ignore-field)
     # Tasks for records without a task field (quantkit.taskassign).
     task_mappings: tuple[str, ...] = ()  # --task SOURCE=TASK
     default_task: str | None = None
@@ -236,6 +238,7 @@ def _build(pools, output, options, taxonomy, taxonomy_path, hooks, store) -> Cal
         assigner=assigner,
         verify_media=frozenset(options.verify_media),
         workers=options.workers,
+        ignore_fields=tuple(options.ignore_fields),
     )
     unassigned = assigner.unassigned_error() if assigner is not None else None
     if options.dry_run:
@@ -386,8 +389,8 @@ def _append_markdown(report: dict, path: Path) -> None:
     lines = [
         "## Sources",
         "",
-        "| source | format | records | skipped | tasks by origin | modalities |",
-        "|---|---|---|---|---|---|",
+        "| source | format | records | skipped | tasks by origin | modalities | ignored fields |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in report["sources"]:
         cells = [
@@ -397,6 +400,7 @@ def _append_markdown(report: dict, path: Path) -> None:
             ", ".join(f"{k}: {v}" for k, v in row["skipped"].items()) or "0",
             ", ".join(f"{k}: {v}" for k, v in row["task_origins"].items()),
             ", ".join(f"{k}: {v}" for k, v in row["modalities"].items()),
+            ignored_text(row.get("ignored", {})) or "-",
         ]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     lines.append("")

@@ -17,9 +17,11 @@ def calibrate(
     pools: Annotated[
         list[Path],
         typer.Argument(
-            help="Your training data as it is (calibration/POOL_FORMAT.md): JSONL or JSON files in the "
-            "ms-swift / LLaMA-Factory / ShareGPT / alpaca / OpenAI formats, a LLaMA-Factory data folder "
-            "(with dataset_info.json), Parquet, a save_to_disk folder or a Hub-layout folder.",
+            help="Your training data as it is (docs/formats.md lists every format): JSONL, JSON or CSV "
+            "files in the ms-swift / LLaMA-Factory / ShareGPT / alpaca / OpenAI / LLaVA / TRL / ... "
+            "formats, a LLaMA-Factory data folder (with dataset_info.json) or training config (YAML), "
+            "an InternVL meta file, "
+            "Parquet, a save_to_disk folder or a Hub-layout folder.",
             show_default=False,
         ),
     ],
@@ -101,6 +103,14 @@ def calibrate(
             show_default=False,
         ),
     ] = None,
+    ignore_field: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--ignore-field",
+            help="A record field to leave out although it holds media (repeatable): without it, media "
+            "in a field the reader does not use are an error. Unused fields are listed per source.",
+        ),
+    ] = None,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -141,6 +151,7 @@ def calibrate(
         task_mappings=tuple(task or ()),
         default_task=default_task,
         workers=workers,
+        ignore_fields=tuple(ignore_field or ()),
         dry_run=dry_run,
     )
     total = sum(p.stat().st_size for p in pools if p.is_file())
@@ -214,6 +225,8 @@ def _cells(counts: dict) -> str:
 
 def print_sources(report: dict) -> None:
     """The per-source table of a dry run (and the skipped records by reason)."""
+    from quantkit.pool.record import ignored_text
+
     table = Table(title="Sources")
     table.add_column("source", no_wrap=True)
     for name in ("format", "records", "skipped", "tasks by origin", "modalities"):
@@ -224,6 +237,9 @@ def print_sources(report: dict) -> None:
             _cells(row["task_origins"]), _cells(row["modalities"]),
         )  # fmt: skip
     console.print(table)
+    for row in report["sources"]:  # a line each, whole: field names are what --ignore-field takes
+        if row["ignored"]:
+            console.print(f"{row['name']}: ignored: {ignored_text(row['ignored'])}", soft_wrap=True, markup=False)
     skipped = report["skipped"]
     if skipped["count"]:
         console.print(f"Skipped records ({skipped['count']}), by reason: {_cells(skipped['by_kind'])}")

@@ -53,7 +53,7 @@ SHAREGPT_TAGS = {
 }
 MISSING_TEXT = (
     "missing field 'messages' (or ShareGPT 'conversations', alpaca 'instruction' / 'output', "
-    "ms-swift 'query' / 'response')"
+    "ms-swift 'query' / 'response', TRL 'prompt' / 'completion', The Cauldron 'texts')"
 )
 _QWEN_IMG = re.compile(r"<img>(.*?)</img>", re.S)  # Qwen-VL's inline image paths
 
@@ -95,6 +95,8 @@ class _Turns:
         self.messages: list[dict] = []
         self.media: dict[str, list] = {kind: [] for kind in KINDS}
         self.inline = False  # whether any media came inside the turns (content lists, <img>)
+        self.unused: set[str] = set()  # turn fields the mapping does not read ("turn.name")
+        self.labels: list[str] = []  # what the record's spelling showed, beyond its base format
 
     def add(self, role: str, text: str) -> None:
         self.messages.append({"role": role, "content": text})
@@ -102,9 +104,11 @@ class _Turns:
 
 def _part_value(part: dict, kind: str) -> object:
     """The media a content-list part points at (a path, a URI, bytes), or None (placeholder only)."""
-    for key in (kind, f"{kind}_url", f"input_{kind}", "value", "url", "path", "data"):
+    for key in (kind, f"{kind}_url", f"input_{kind}", "value", "url", "path", "data", "base64"):
         if key in part and part[key] not in (None, ""):
             value = part[key]
+            if key == "base64" and isinstance(value, str):  # axolotl: bare base64, the type sniffed
+                return f"data:;base64,{value}"
             if isinstance(value, dict):
                 if "url" in value:
                     return value["url"]
@@ -199,7 +203,32 @@ def _chat_turns(raw: object, turns: _Turns, roles: Mapping[str, str] | None, rol
         if turn.get("tool_calls"):
             calls = _tool_calls_text(turn["tool_calls"])
             text = f"{text}\n{calls}" if text else calls
+        if len(turn) > 2:
+            text = _turn_fields(turn, (rkey, ckey, "tool_calls"), text, turns)
         turns.add(role, text)
+
+
+def _turn_fields(turn: dict, read: tuple[str, ...], text: str, turns: _Turns) -> str:
+    """A turn's fields besides its role and content: media there (GLM-4V's ``image`` in the user
+    turn) belong to the turn, their placeholders put before its text where it has none; any
+    other field is noted as unused."""
+    for key, value in turn.items():
+        if key in read:
+            continue
+        kind = key[:-1] if key in LIST_FIELDS.values() else key
+        if kind not in KINDS:
+            turns.unused.add(f"turn.{key}")
+            continue
+        if value in (None, "", []):
+            continue
+        items = list(value) if isinstance(value, list | tuple) else [value]
+        turns.media[kind].extend(items)
+        turns.inline = True
+        if f"<{kind}>" not in text:
+            text = f"<{kind}>" * len(items) + text
+        if "turn media" not in turns.labels:
+            turns.labels.append("turn media")
+    return text
 
 
 def _history_turns(history: object, turns: _Turns) -> None:
@@ -222,7 +251,8 @@ def _answer(value: object, name: str) -> str:
     return value
 
 
-def _media_list(record: Mapping, name: str | None, kind: str) -> list:
+def _media_list(record: Mapping, name: str | None, kind: str) -> tuple[list, str | None]:
+    """The media of one kind the record lists, and the field they came from."""
     keys = [name] if name else []
     keys += [k for k in (LIST_FIELDS[kind], kind) if k not in keys]
     for key in keys:
@@ -230,11 +260,11 @@ def _media_list(record: Mapping, name: str | None, kind: str) -> list:
         if value is None or value == "" or value == []:
             continue
         if isinstance(value, str | dict | bytes):
-            return [value]
+            return [value], key
         if isinstance(value, list | tuple):
-            return list(value)
+            return list(value), key
         raise RecordError(f"'{key}' must be a list of file paths")
-    return []
+    return [], None
 
 
 def _number(value: object) -> str:
@@ -278,10 +308,11 @@ def _substitute_objects(turns: _Turns, objects: object) -> None:
 
     def box(_match: re.Match) -> str:
         value = next(box_iter)
-        if not isinstance(value, list | tuple) or len(value) != 4:
-            raise RecordError(f"a bbox must be [x1, y1, x2, y2], not {value!r}")
-        x1, y1, x2, y2 = map(_number, value)
-        return f"<|box_start|>({x1},{y1}),({x2},{y2})<|box_end|>"
+        if not isinstance(value, list | tuple) or len(value) not in (2, 4):
+            raise RecordError(f"a bbox must be [x1, y1, x2, y2] (or a point [x, y]), not {value!r}")
+        numbers = list(map(_number, value))  # a point is one pair, as ms-swift writes it for Qwen
+        pairs = ",".join(f"({numbers[i]},{numbers[i + 1]})" for i in range(0, len(numbers), 2))
+        return f"<|box_start|>{pairs}<|box_end|>"
 
     def ref(_match: re.Match) -> str:
         return f"<|object_ref_start|>{next(ref_iter)}<|object_ref_end|>"
@@ -293,57 +324,186 @@ def _substitute_objects(turns: _Turns, objects: object) -> None:
             message["content"] = re.sub(r"<bbox>", box, text)
 
 
-def normalize(record: Mapping, spec: FormatSpec | None = None) -> dict:
+def _answer_turns(value: object, name: str, turns: _Turns, roles: Mapping[str, str] | None) -> None:
+    """A preference record's chosen answer as the last turn(s): a string (alpaca, TRL standard), a
+    turn (LLaMA-Factory's sharegpt ``{"from": "gpt", "value"}``) or a list of turns (TRL)."""
+    if isinstance(value, str):
+        turns.add("assistant", value)
+    elif isinstance(value, dict):
+        _chat_turns([value], turns, roles, None, None)
+    elif isinstance(value, list) and value and all(isinstance(t, dict) for t in value):
+        _chat_turns(value, turns, roles, None, None)
+    else:
+        raise RecordError(f"'{name}' must be a string, a turn or a list of turns (the chosen answer)")
+
+
+def _prompt_turns(value: object, name: str, turns: _Turns) -> None:
+    """TRL's ``prompt``: a string (standard) or a list of turns (conversational)."""
+    if isinstance(value, str):
+        turns.add("user", value)
+    elif isinstance(value, list) and value:
+        _chat_turns(value, turns, None, None, None)
+    else:
+        raise RecordError(f"'{name}' must be a string or a non-empty list of chat turns")
+
+
+def _cauldron_turns(texts: object, turns: _Turns) -> None:
+    """The Cauldron's ``texts``: ``[{"user", "assistant", "source"}, ...]``, one exchange each."""
+    if not isinstance(texts, list) or not texts:
+        raise RecordError("'texts' must be a non-empty list of {'user', 'assistant'} exchanges")
+    for i, pair in enumerate(texts):
+        if not isinstance(pair, dict) or not isinstance(pair.get("user"), str):
+            raise RecordError(f"texts item {i} must be an object with 'user' and 'assistant' strings")
+        if not isinstance(pair.get("assistant"), str):
+            raise RecordError(f"texts item {i} must be an object with 'user' and 'assistant' strings")
+        turns.add("user", pair["user"])
+        turns.add("assistant", pair["assistant"])
+        turns.unused.update(f"texts.{k}" for k in pair if k not in ("user", "assistant"))
+
+
+def _placeholder_map(mapping: dict, turns: _Turns) -> list:
+    """MiniCPM-V's ``image`` as ``{"<image_00>": path, ...}``: each named placeholder becomes
+    ``<image>``, the paths in the order the placeholders appear (those never written go before the
+    first user text, as MiniCPM-V places them)."""
+    order = {}
+    for message in turns.messages:
+        for key in sorted(mapping, key=lambda k: message["content"].find(k)):
+            if key in message["content"] and key not in order:
+                order[key] = len(order)
+    for message in turns.messages:
+        for key in order:
+            message["content"] = message["content"].replace(key, "<image>")
+    unplaced = [key for key in mapping if key not in order]
+    if unplaced:
+        first = next((m for m in turns.messages if m["role"] == "user"), turns.messages[0])
+        first["content"] = "<image>" * len(unplaced) + first["content"]
+    return [mapping[key] for key in unplaced] + [mapping[key] for key in order]
+
+
+def _is_placeholder_map(value: object) -> bool:
+    return (
+        isinstance(value, dict)
+        and bool(value)
+        and all(isinstance(k, str) and k.startswith("<") and k.endswith(">") for k in value)
+    )
+
+
+def _is_frame_list(items: list) -> bool:
+    """A ``videos`` list that is one video given as its frames (image files), not several videos."""
+    return len(items) > 1 and all(
+        isinstance(item, str) and item.rsplit(".", 1)[-1].lower() in _IMAGE_SUFFIXES for item in items
+    )
+
+
+_EMPTY = (None, "", [], {})
+_IMAGE_SUFFIXES = {"jpg", "jpeg", "png", "webp", "bmp", "gif"}
+# Where a record may give its system prompt, in the frameworks' spellings (LLaMA-Factory / ms-swift
+# / alpaca: system; lmms-finetune: system_prompt; others: system_message, sys_prompt).
+SYSTEM_KEYS = ("system", "system_prompt", "system_message", "sys_prompt")
+
+
+def normalize(record: Mapping | list, spec: FormatSpec | None = None) -> dict:
     """The record as the internal shape (messages, images, videos, audios), or RecordError with
-    what is wrong. Fields the mapping does not use (id, the task field) are left to the caller."""
+    what is wrong; also ``format`` (the spelling recognised, for the source table) and ``unused``
+    (the record's fields the mapping did not read: the caller reports them)."""
     spec = spec or FormatSpec()
     turns = _Turns()
+    if isinstance(record, list):  # a JSON array of bare message lists
+        if not record or not all(isinstance(turn, dict) for turn in record):
+            raise RecordError("a record must be a JSON object (or a list of chat turns)")
+        _chat_turns(record, turns, None, None, None)
+        return _finish({}, spec, turns, "message list", set())
+    used: set[str] = set()
+
+    def take(key: str | None) -> object:
+        if not key or key not in record:
+            return None
+        used.add(key)
+        return record[key]
+
     formatting = spec.formatting
+    label = formatting
     if formatting == "auto":
         if "messages" in record or "conversations" in record or "conversation" in record:
             formatting = "sharegpt"
         elif "instruction" in record or "query" in record:
-            formatting = "alpaca"
+            formatting = label = "alpaca"
+        elif "prompt" in record or "chosen" in record:
+            formatting = "trl"
+        elif "texts" in record:
+            formatting = label = "The Cauldron"
         else:
             raise RecordError(MISSING_TEXT)
 
     def declared(name: str) -> object:  # a dataset_info entry reads only the columns it declares
-        key = spec.column(name) if spec.formatting != "auto" else name
-        return record.get(key) if key else None
+        return take(spec.column(name) if spec.formatting != "auto" else name)
 
     system = declared("system")
+    if spec.formatting == "auto" and system in (None, ""):
+        system = next((take(k) for k in SYSTEM_KEYS if record.get(k) not in (None, "")), system)
+    roles = spec.roles() if spec.formatting != "auto" else None
+    chosen_key = spec.column("chosen") if spec.formatting != "auto" else "chosen"
+    answered = False
     if formatting == "sharegpt":
         if spec.formatting == "auto":
             key = next(k for k in ("messages", "conversations", "conversation") if k in record)
-            _chat_turns(record[key], turns, None, None, None)
+            raw = take(key)
+            label = (
+                "ShareGPT"
+                if isinstance(raw, list) and raw and isinstance(raw[0], dict) and "from" in raw[0]
+                else "messages"
+            )
+            _chat_turns(raw, turns, None, None, None)
         else:
             key = spec.column("messages") or "conversations"
             if key not in record:
                 raise RecordError(f"missing field {key!r} (the dataset's 'messages' column)")
             tags = {**SHAREGPT_TAGS, **spec.tags}
-            _chat_turns(record[key], turns, spec.roles(), tags["role_tag"], tags["content_tag"])
+            _chat_turns(take(key), turns, roles, tags["role_tag"], tags["content_tag"])
+    elif formatting == "trl":
+        label = "TRL prompt/completion"
+        if "prompt" in record:
+            _prompt_turns(take("prompt"), "prompt", turns)
+        if "completion" in record:
+            _answer_turns(take("completion"), "completion", turns, None)
+            answered = True
+    elif formatting == "The Cauldron":
+        _cauldron_turns(take("texts"), turns)
     else:
         if spec.formatting == "auto":  # alpaca or ms-swift's query / response
             prompt_key, query_key, response_key = (
                 ("instruction", "input", "output") if "instruction" in record else ("query", None, "response")
             )
+            if prompt_key == "query":
+                label = "ms-swift query/response"
             history_key = "history"
         else:
             prompt_key, query_key = spec.column("prompt"), spec.column("query")
             response_key, history_key = spec.column("response"), spec.column("history")
-        _history_turns(record.get(history_key) if history_key else None, turns)
-        prompt = record.get(prompt_key) if prompt_key else None
+        _history_turns(take(history_key), turns)
+        prompt = take(prompt_key)
         if not isinstance(prompt, str):
             raise RecordError(f"missing field {prompt_key!r} (the prompt)" if prompt is None else
                               f"'{prompt_key}' must be a string")  # fmt: skip
-        query = record.get(query_key) if query_key else None
+        query = take(query_key)
         if query not in (None, "") and not isinstance(query, str):
             raise RecordError(f"'{query_key}' must be a string")
         prompt_text = _content_text(prompt, turns, f"'{prompt_key}'")
         turns.add("user", f"{prompt_text}\n{query}" if query else prompt_text)
-        if response_key not in record:
+        if response_key in record and record[response_key] not in (None, "", []):
+            turns.add("assistant", _answer(take(response_key), response_key))
+            answered = True
+        elif chosen_key not in record:
             raise RecordError(f"missing field {response_key!r} (the answer)")
-        turns.add("assistant", _answer(record[response_key], response_key))
+    if not answered and chosen_key and chosen_key in record:  # preference data: the chosen answer
+        value = take(chosen_key)
+        if formatting == "trl" and "prompt" not in record:  # TRL's implicit prompt: the whole dialogue
+            _prompt_turns(value, chosen_key, turns)
+        else:
+            _answer_turns(value, chosen_key, turns, roles)
+        label = f"{label} preference (chosen)"
+    if not turns.messages:
+        raise RecordError(MISSING_TEXT)
 
     tools = declared("tools")
     if system not in (None, "") or tools not in (None, "", []):
@@ -365,22 +525,63 @@ def normalize(record: Mapping, spec: FormatSpec | None = None) -> dict:
             message["content"] = _QWEN_IMG.sub("<image>", message["content"])
             turns.inline = True
 
-    objects = record.get("objects")
+    objects = take("objects")
     if objects not in (None, "", [], {}):
         _substitute_objects(turns, objects)
+        turns.labels.append("grounding objects")
+    return _finish(record, spec, turns, label, used)
 
+
+def _finish(record: Mapping, spec: FormatSpec, turns: _Turns, label: str, used: set[str]) -> dict:
+    """The media lists (from the record's fields or the turns) with one placeholder per item."""
     result: dict = {"messages": turns.messages}
+    labels = [label, *turns.labels]
     for kind in KINDS:
-        listed = _media_list(record, spec.column(LIST_FIELDS[kind]), kind)
+        name = spec.column(LIST_FIELDS[kind])
+        image_map = record.get("image") if kind == "image" else None
+        if _is_placeholder_map(image_map):
+            listed = _placeholder_map(image_map, turns)
+            used.add("image")
+            labels.append("image map")
+        else:
+            listed, key = _media_list(record, name, kind)
+            used.update(
+                k for k in (key, name, LIST_FIELDS[kind], kind) if k in record and (k == key or not record[k])
+            )
         inline = turns.media[kind]
         if listed and inline:
             raise RecordError(
                 f"{kind}s given both inside the turns and in '{LIST_FIELDS[kind]}'; keep one of the two"
             )
         media = inline or listed
-        placeholders = sum(m["content"].count(f"<{kind}>") for m in turns.messages)
+        if kind == "video" and _is_frame_list(media) and _count(turns, "video") <= 1:
+            media = [media]  # ["f1.jpg", "f2.jpg", ...] under videos: one video, as frames
+        if kind == "video" and any(isinstance(m, list | tuple) for m in media):
+            labels.append("video frames")
+        placeholders = _count(turns, kind)
+        # LLaVA-Video-178K / LLaVA-OneVision: the video's placeholder is written <image>
+        if (
+            kind == "video"
+            and media
+            and not placeholders
+            and not result["images"]
+            and _count(turns, "image") == len(media)
+        ):
+            for message in turns.messages:
+                message["content"] = message["content"].replace("<image>", "<video>")
+            placeholders = len(media)
+            labels.append("<image> for video")
         if media and placeholders == 0:  # ms-swift's rule: missing tags go before the first user text
             first = next((m for m in turns.messages if m["role"] == "user"), turns.messages[0])
             first["content"] = f"<{kind}>" * len(media) + first["content"]
         result[LIST_FIELDS[kind]] = media
+    result["format"] = " + ".join(dict.fromkeys(labels))
+    # (a table's column without a value in this row is not a field left out)
+    result["unused"] = sorted(
+        turns.unused.union(k for k in record if k not in used and record[k] not in _EMPTY)
+    )
     return result
+
+
+def _count(turns: _Turns, kind: str) -> int:
+    return sum(m["content"].count(f"<{kind}>") for m in turns.messages)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from quantkit.chat import PLACEHOLDER, ROLE_ALIASES
 from quantkit.media import (
+    EXTENSIONS,
     VERIFIERS,
     AudioInfo,
     ImageInfo,
@@ -30,6 +31,7 @@ from quantkit.media import (
     VideoInfo,
     check_extension,
     decode_data_uri,
+    frames_to_mp4,
     probe_audio,
     probe_image,
     probe_video,
@@ -49,6 +51,10 @@ from quantkit.pool.sizes import bucket_label, image_tokens, modality_name
 from quantkit.taxonomy import Buckets, ImageRule, Taxonomy, task_lookup
 
 MEDIA_FIELDS = {"image": "images", "video": "videos", "audio": "audios"}
+_MEDIA_SUFFIXES = frozenset(ext for kind in EXTENSIONS.values() for ext in kind)
+# Frames per second of a video given as its frame files: the rate LLaMA-Factory (video_fps) and
+# Qwen2.5-VL's qwen-vl-utils (FPS) sample videos at, so the frames play back as they were taken.
+FRAME_LIST_FPS = 2
 
 _dumps = functools.partial(json.dumps, ensure_ascii=False)
 _ROLE_JSON = {alias: json_str(role) for alias, role in ROLE_ALIASES.items()}
@@ -211,6 +217,7 @@ class ParseContext:
     assigner: object | None = None  # quantkit.taskassign.TaskAssigner
     source_index: int = 0  # in result.index.sources
     emit: list | None = None  # materialize: the full PoolRecords go here, nothing is counted
+    ignore_fields: frozenset[str] = frozenset()  # --ignore-field: unused fields that may hold media
 
 
 class RecordParser:
@@ -227,6 +234,8 @@ class RecordParser:
         self.paths: dict[str, Path | str] = {} if reuse is None else reuse.paths
         # the assigner's tally of records whose field names a task (one per assigner)
         self.field_tally: dict[str, int] | None = None if reuse is None else reuse.field_tally
+        # a video given as its frames (their paths as written) -> the MP4 made of them
+        self.frame_videos: dict[tuple, Path] = {} if reuse is None else reuse.frame_videos
         self.parse = self._make_parse()
 
     # -- media paths -----------------------------------------------------------------------
@@ -236,7 +245,42 @@ class RecordParser:
             raise RecordError(f"embedded {kind} bytes need a media store (calibrate provides one)")
         return self.c.store.put(data, kind, name_hint=name, mime=mime)
 
+    def _frames_video(self, frames: list | tuple) -> Path:
+        """A video given as the paths of its frames (Qwen2.5-VL's ``{"type": "video", "video":
+        [...]}``, LLaMA-Factory's ``videos: [[...]]``) as an MP4 in the media store, at
+        FRAME_LIST_FPS, frames resized to the first one's size: what every later stage reads."""
+        key = tuple(frames) if all(isinstance(f, str) for f in frames) else None
+        made = self.frame_videos.get(key) if key is not None else None
+        if made is not None:
+            return made
+        if not frames:
+            raise RecordError("a video given as frames has no frame")
+        paths = [self._path("image", frame) for frame in frames]
+        try:
+            data = frames_to_mp4(paths, FRAME_LIST_FPS)
+        except MediaError as err:
+            raise RecordError(str(err)) from None
+        made = self._embedded("video", data, name="frames.mp4")
+        if key is not None:
+            self.frame_videos[key] = made
+        return made
+
+    def _not_found(self, kind: str, item: str) -> str:
+        """The error for a media path that is in none of the places looked in: those places, and
+        the --media-root that would find it when a folder near the pool holds it."""
+        roots = self.c.roots
+        if os.path.isabs(item):
+            return f"{kind} file not found: {item}"
+        looked = ", ".join(str(root) for root in roots.roots)
+        message = f"{kind} file not found: {item} (looked in {looked})"
+        found = roots.find_root(item)
+        if found is not None:
+            return f"{message}; the file is under {found}: pass --media-root {found}"
+        return f"{message}; name the folder the paths are relative to with --media-root DIR"
+
     def _path(self, kind: str, item: object) -> Path:
+        if isinstance(item, list | tuple) and kind == "video":
+            return self._frames_video(item)
         if isinstance(item, dict):  # a datasets Image / Audio feature left undecoded: {bytes, path}
             data, name = item.get("bytes"), item.get("path")
             if data:
@@ -271,9 +315,7 @@ class RecordParser:
                     f"{kind} {item!r} is a URL: quantkit works offline and downloads nothing; download the "
                     "files, point the records at the local copies and name their folder with --media-root DIR"
                 )
-            if len(self.c.roots.roots) > 1:
-                raise RecordError(f"{kind} file not found: {item} (looked in {where})")
-            raise RecordError(f"{kind} file not found: {item}")
+            raise RecordError(self._not_found(kind, item))
         return full
 
     def _media_lists(self, get: Callable[[str], object]) -> _Media:
@@ -347,6 +389,54 @@ class RecordParser:
             f"{count} <{kind}> placeholder(s) in the messages but {len(paths)} path(s) in '{MEDIA_FIELDS[kind]}'"
         )
 
+    def _normalized(self, record: dict | list) -> dict:
+        """``normalize(record)``, with what it tells counted for the source: the spelling, and
+        the fields it left unused (one holding media is an error unless --ignore-field names it).
+        Only records off the fast path come here: theirs are the only unusual fields."""
+        mapped = normalize(record, self.c.spec)
+        if self.c.emit is not None:  # read again (selected records): counted when first read
+            return mapped
+        unused = mapped["unused"]
+        if unused:
+            stats, skip = self.c.stats, (self.c.task_field, "id")
+            for name in unused:
+                if name in skip:
+                    continue
+                if name not in self.c.ignore_fields and "." not in name:
+                    what = self._media_like(record.get(name))
+                    if what is not None:
+                        raise RecordError(
+                            f"field {name!r} holds {what}, and {mapped['format']} records take no media "
+                            f"from it: move the media to 'images' / 'videos' / 'audios', or pass "
+                            f"--ignore-field {name} to leave the field out"
+                        )
+                stats.ignored[name] += 1
+        self.c.stats.formats[mapped["format"]] += 1
+        return mapped
+
+    def _media_like(self, value: object, depth: int = 0) -> str | None:
+        """What in ``value`` looks like media (a data URL, a path to an existing media file,
+        embedded bytes), or None."""
+        if isinstance(value, str):
+            if value.startswith("data:") and value[5:].split("/", 1)[0] in MEDIA_FIELDS:
+                return "a data URL"
+            suffix = os.path.splitext(value)[1].lower() if len(value) < 4096 else ""
+            if suffix in _MEDIA_SUFFIXES and isinstance(self.c.roots.resolve(value), Path):
+                return f"a path to a media file ({value})"
+            return None
+        if depth > 2:
+            return None
+        if isinstance(value, dict):
+            if isinstance(value.get("bytes"), bytes | bytearray) and value["bytes"]:
+                return "embedded media bytes"
+            value = list(value.values())
+        if isinstance(value, list | tuple):
+            for item in value[:16]:
+                found = self._media_like(item, depth + 1)
+                if found is not None:
+                    return found
+        return None
+
     def _task_of_field(self, record: dict) -> object:
         """The record's task from its own field, checked (no assigner): the TaskSpec."""
         task_field = self.c.task_field
@@ -370,6 +460,7 @@ class RecordParser:
             c.taxonomy,
         )
         media_lists, derive, count_error = self._media_lists, self._derive, self._count_error
+        normalized = self._normalized
         task_json = {task.name: json_str(task.name) for task in taxonomy.tasks}
         json_of, sha256, new_record = json_str, hashlib.sha256, PoolRecord
         mismatches, emit, index, source_index = c.result.modality_mismatches, c.emit, c.result.index, c.source_index
@@ -410,13 +501,16 @@ class RecordParser:
             field_tally = self.field_tally
 
         def parse(record: object, line: int, locator: int) -> None:
+            bare = None  # a bare list of turns (a JSON array of them), mapped by normalize()
             if record.__class__ is not dict and not isinstance(record, dict):
-                raise RecordError("a record must be a JSON object")
+                if not isinstance(record, list):
+                    raise RecordError("a record must be a JSON object (or a list of chat turns)")
+                bare, record = record, {}
             get = record.get
             messages_json = digest_text = None  # the JSON is built only where it is needed
             # The internal shape, fast: messages of role / content strings (or ShareGPT from /
             # value), no other fields to map. Anything unusual goes through normalize().
-            if spec is None and record.keys() <= fast_keys:
+            if spec is None and bare is None and record.keys() <= fast_keys:
                 raw = get("messages")
                 if raw.__class__ is list and raw:
                     role_key, text_key = "role", "content"
@@ -430,6 +524,8 @@ class RecordParser:
                     images = videos = audios = 0
                     try:
                         for turn in raw:
+                            if len(turn) != 2:  # other turn fields (GLM-4V's image, a name): mapped
+                                raise TypeError
                             mark = role_mark[turn[role_key]]
                             text = turn[text_key]
                             if text.__class__ is not str:
@@ -448,7 +544,7 @@ class RecordParser:
                     except (KeyError, TypeError):
                         pass
             if digest_text is None:
-                mapped = normalize(record, spec)
+                mapped = normalized(bare if bare is not None else record)
                 messages_json, counts = _checked_messages(mapped["messages"])
                 raw, role_key, text_key, get_media = mapped["messages"], "role", "content", mapped.get
                 digest_text = _digest_text(raw)
@@ -475,7 +571,7 @@ class RecordParser:
                 combo = media_lists(get_media)
             if counts != combo.counts:
                 if get_media is get and 0 in counts:  # missing placeholders: normalize() adds them
-                    mapped = normalize(record, spec)
+                    mapped = normalized(record)
                     messages_json, counts = _checked_messages(mapped["messages"])
                     raw, role_key, text_key = mapped["messages"], "role", "content"
                     digest_text = _digest_text(raw)

@@ -29,7 +29,7 @@ from quantkit.pool.parse import MediaProbe, ParseContext, RecordParser
 from quantkit.pool.record import PoolReadResult, RecordError, SkippedRecord, SourceStats, not_unicode
 from quantkit.pool.sources import Source, resolve_sources
 from quantkit.pool.split import SplitRead, part_bounds, part_count
-from quantkit.pool.tables import iter_table, table_at
+from quantkit.pool.tables import csv_at, iter_csv, iter_table, table_at
 from quantkit.taskassign import ORIGINS
 from quantkit.taxonomy import ImageRule, Taxonomy
 
@@ -67,6 +67,7 @@ def read_pool(
     assigner: object | None = None,
     verify_media: frozenset[str] = frozenset(),
     workers: int | None = None,
+    ignore_fields: tuple[str, ...] = (),
 ) -> PoolReadResult:
     """Read and validate every record of every source; drop exact duplicates (same text, same
     media bytes).
@@ -75,6 +76,8 @@ def read_pool(
     for any number); None: one per CPU for files of at least 2 x split.MIN_PART_BYTES.
 
     The first invalid record raises InputError naming file and line, unless ``skip_invalid``.
+    A field no reading of the record uses is counted per source; one holding media is an error
+    unless named in ``ignore_fields``.
     With an ``assigner`` (quantkit.taskassign.TaskAssigner) records without a task field get one
     from it; those it cannot assign are left out, and the caller asks it for the error.
     """
@@ -87,12 +90,20 @@ def read_pool(
     with gc_paused():
         result = _read_sources(
             sources, taxonomy, image_rule, task_field, skip_invalid, on_bytes, media_roots, store, assigner,
-            frozenset(verify_media), workers,
+            frozenset(verify_media), workers, frozenset(ignore_fields),
         )  # fmt: skip
     result.notes = notes + result.notes
     unassigned = sum(stats.task_origins.get("none", 0) for stats in result.sources)
     if not len(result.index) and not unassigned:
-        raise InputError("the pool has no valid records", path=sources[0].path if len(sources) == 1 else None)
+        why = list(result.notes)  # what was not read, and why
+        if result.skipped:
+            first = result.skipped[0]
+            why.insert(0, f"all {len(result.skipped)} record(s) were invalid, the first {first.source}:{first.line}: {first.reason}")
+        raise InputError(
+            "the pool has no valid records",
+            path=sources[0].path if len(sources) == 1 else None,
+            hint="; ".join(why) or None,
+        )
     result.duplicates = drop_duplicates(result.index)
     count, examples = id_conflicts(result.index)
     if count:
@@ -138,6 +149,7 @@ def _read_sources(
     assigner: object | None,
     verify_media: frozenset[str],
     workers: int | None,
+    ignore_fields: frozenset[str] = frozenset(),
 ) -> PoolReadResult:
     probe = MediaProbe(verify_media)
     rule = image_rule or taxonomy.buckets.image_rule
@@ -151,7 +163,7 @@ def _read_sources(
         before = len(index.group)
         origins_before = _origin_totals(assigner)
         context = ParseContext(
-            roots=MediaRoots(source.base, tuple(media_roots)),
+            roots=MediaRoots(source.base, (*source.roots, *media_roots)),
             store=store,
             source=str(path),
             named=source.named,
@@ -166,6 +178,7 @@ def _read_sources(
             stats=stats,
             assigner=assigner,
             source_index=number_of_source,
+            ignore_fields=ignore_fields,
         )
         parser = RecordParser(context)
         parse = parser.parse
@@ -183,14 +196,17 @@ def _read_sources(
             digest = _in_background(sha256_file if path.is_file() else _folder_hash, path)
 
             def on_error(
-                number: int, err: RecordError, path: Path = path, stats: SourceStats = stats
+                number: int, err: RecordError, path: Path = path, stats: SourceStats = stats, before: int = before
             ) -> None:
                 if not skip_invalid:
+                    # --skip-invalid only where it would keep something: records read before this one
                     raise InputError(
                         str(err),
                         path=path,
                         line=number,
-                        hint="fix the record, or pass --skip-invalid to skip it",
+                        hint="fix the record, or pass --skip-invalid to skip it"
+                        if len(index.group) > before
+                        else "fix the record",
                     ) from None
                 result.skipped.append(SkippedRecord(str(path), number, str(err)))
                 stats.skipped[reason_kind(str(err))] += 1
@@ -201,6 +217,12 @@ def _read_sources(
                 read_jsonl(path, parse, on_error, on_bytes)
             elif source.kind == "json":
                 read_json_array(path, parse, on_error, on_bytes)
+            elif source.kind == "csv":
+                for number, (line, row) in enumerate(iter_csv(path)):
+                    try:
+                        parse(row, line, number)
+                    except RecordError as err:
+                        on_error(line, err)
             else:
                 for number, row in iter_table(path, source.split):
                     try:
@@ -228,6 +250,8 @@ def _read_again(
         jsonl_at(source.path, places, parse)
     elif source.kind == "json":
         json_array_at(source.path, places, parse)
+    elif source.kind == "csv":
+        csv_at(source.path, places, parse)
     else:
         table_at(source.path, source.split, places, parse)
     return out
@@ -264,6 +288,13 @@ def _count_source(
         if count:
             stats.modalities[index.groups[g].modality] += count
     stats.records = added + origins.get("none", 0)
+    # The spellings detected: those normalize() mapped, and plain chat turns (the fast path) for the rest.
+    plain = stats.records - sum(stats.formats.values())
+    if plain > 0:
+        stats.formats["chat turns"] += plain
+    named = [name for name, _ in stats.formats.most_common() if name not in stats.format.split()]
+    if named:  # (a dataset_info.json entry's formatting is in the name already)
+        stats.format += ": " + ", ".join(named)
 
 
 def _in_background(function: Callable[[Path], str], path: Path) -> Callable[[], str]:

@@ -99,6 +99,10 @@ class SourceStats:
     skipped: Counter = field(default_factory=Counter)  # reason (its first words) -> count
     task_origins: Counter = field(default_factory=Counter)  # field / mapping / rule / default / none
     modalities: Counter = field(default_factory=Counter)
+    # Of the records mapped from another spelling than plain chat turns: spelling -> records
+    # (folded into ``format`` once the source is read), and field left unused -> records.
+    formats: Counter = field(default_factory=Counter)
+    ignored: Counter = field(default_factory=Counter)
 
     def as_dict(self) -> dict:
         return {
@@ -108,7 +112,13 @@ class SourceStats:
             "skipped": dict(sorted(self.skipped.items())),
             "task_origins": dict(sorted(self.task_origins.items())),
             "modalities": dict(sorted(self.modalities.items())),
+            "ignored": dict(sorted(self.ignored.items())),
         }
+
+
+def ignored_text(ignored: dict) -> str:
+    """A source's unused fields as the reports print them: ``rejected (203 records), ...``."""
+    return ", ".join(f"{name} ({count} records)" for name, count in sorted(ignored.items()))
 
 
 @dataclass

@@ -160,6 +160,8 @@ class SplitRead:
         # Counters the parser adds to, emptied: what the part adds is then all they hold.
         result.modality_mismatches.clear()
         context.stats.modalities.clear()
+        context.stats.formats.clear()
+        context.stats.ignored.clear()
         if assigner is not None:
             assigner.start_part()
         errors: list[tuple[int, str]] = []
@@ -202,6 +204,8 @@ class SplitRead:
             "digest": index.digest[2 * records_before :].tobytes(),
             "mismatches": dict(result.modality_mismatches),
             "modalities": dict(context.stats.modalities),
+            "formats": dict(context.stats.formats),
+            "ignored": dict(context.stats.ignored),
             "assigner": assigner.part_state() if assigner is not None else None,
             "probes": context.probe.entries(since=probes_before),
         }
@@ -306,8 +310,9 @@ class SplitRead:
         index.digest.frombytes(payload["digest"])
         for key, count in payload["mismatches"].items():
             result.modality_mismatches[key] += count
-        for key, count in payload["modalities"].items():
-            context.stats.modalities[key] += count
+        for counter in ("modalities", "formats", "ignored"):
+            for key, count in payload[counter].items():
+                getattr(context.stats, counter)[key] += count
         if payload["assigner"] is not None:
             context.assigner.merge_part(payload["assigner"])
         context.probe.add_entries(payload["probes"])

@@ -42,6 +42,32 @@ def _undecoded_table(table):
     return table.cast(features) if features != table.features else table
 
 
+def iter_csv(path: Path) -> Iterator[tuple[int, dict]]:
+    """Rows of a CSV file with a header (what LLaMA-Factory loads with ``datasets``' csv
+    builder), each a dict of strings; 'line' is the file line the row ends on. Empty cells are
+    left out, as a JSON record would not have them."""
+    import csv
+
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as handle:
+            reader = csv.DictReader(handle)
+            for row in reader:
+                yield reader.line_num, {k: v for k, v in row.items() if k is not None and v not in (None, "")}
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise InputError(f"cannot read the CSV file: {err}", path=path) from None
+
+
+def csv_at(path: Path, places: list[tuple[int, int]], parse) -> None:
+    """Parse again the CSV rows at (line, row index) ``places``."""
+    wanted = {index: line for line, index in places}
+    rows = {}
+    for index, (_, row) in enumerate(iter_csv(path)):
+        if index in wanted:
+            rows[index] = row
+    for line, index in places:
+        parse(rows[index], line, index)
+
+
 def is_save_to_disk(folder: Path) -> bool:
     return (folder / "state.json").is_file() or (folder / "dataset_dict.json").is_file()
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 import wave
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
 
-import av
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
+
+from quantkit.media import video_codec as video_codec  # re-exported: the generators here write MP4s
+from quantkit.media import write_mp4 as write_mp4
 
 SAMPLE_RATE = 16_000
 
@@ -258,62 +259,3 @@ def _banner(text: str, width: int, height: int) -> np.ndarray:
     return np.asarray(image)
 
 
-@lru_cache(maxsize=1)
-def video_codec() -> str:
-    """H.264 where this PyAV build has libx264, else MPEG-4 Part 2 (both play in an MP4)."""
-    try:
-        av.codec.Codec("libx264", "w")
-        return "libx264"
-    except Exception:  # noqa: BLE001 - any failure to find the encoder means "use the fallback"
-        return "mpeg4"
-
-
-def write_mp4(
-    path: Path,
-    frames: Iterator[np.ndarray],
-    size: tuple[int, int],
-    fps: int,
-    audio: np.ndarray | None = None,
-    sample_rate: int = SAMPLE_RATE,
-) -> None:
-    """An MP4 with one yuv420p video stream and, when ``audio`` is given, one mono AAC stream.
-
-    Determinism: with CRF rate control, libx264 gave a differently coded (though identically
-    decoding) stream now and then for the same frames, even on one thread; the rate control and
-    the lookahead work on half-resolution copies of the frames, the suspected source. So: constant
-    QP (which also turns off mbtree and adaptive quantisation), no B-frames, no scene-cut or
-    weighted-prediction analysis, which leaves x264 no use for the lookahead at all; one thread;
-    and the muxer's ``bitexact`` flag. The MP4 muxer writes no creation time unless asked.
-    """
-    width, height = size
-    assert width % 2 == 0 and height % 2 == 0, "yuv420p needs even frame dimensions"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with av.open(str(path), mode="w", format="mp4", options={"fflags": "+bitexact"}) as container:
-        video = container.add_stream(video_codec(), rate=fps)
-        video.width, video.height, video.pix_fmt = width, height, "yuv420p"
-        video.time_base = Fraction(1, fps)
-        video.codec_context.thread_count = 1
-        if video_codec() == "libx264":
-            video.options = {
-                "preset": "veryfast",
-                "qp": "28",
-                "x264-params": "bframes=0:scenecut=0:weightp=0",
-            }
-        sound = None
-        if audio is not None:
-            sound = container.add_stream("aac", rate=sample_rate, layout="mono")
-            sound.bit_rate = 24_000
-        for index, pixels in enumerate(frames):
-            frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
-            frame.pts = index
-            container.mux(video.encode(frame))
-        container.mux(video.encode(None))
-        if sound is not None and audio is not None:
-            for offset in range(0, len(audio), 1024):
-                chunk = av.AudioFrame.from_ndarray(
-                    audio[None, offset : offset + 1024], format="fltp", layout="mono"
-                )
-                chunk.sample_rate = sample_rate
-                chunk.pts = offset
-                container.mux(sound.encode(chunk))
-            container.mux(sound.encode(None))
