@@ -54,7 +54,7 @@ class CalibrateOptions:
     workers: int | None = None  # processes a big JSONL file is read in (None: one per CPU)
     # Tasks for records without a task field (quantkit.taskassign).
     task_mappings: tuple[str, ...] = ()  # --task SOURCE=TASK
-    default_task: str | None = None
+    default_task: tuple[str, ...] = ()  # --default-task MODALITY=TASK or TASK (repeatable)
     dry_run: bool = False  # read and validate everything, write nothing
 
 

@@ -84,7 +84,12 @@ def calibrate(
         ),
     ] = None,
     default_task: Annotated[
-        str | None, typer.Option(help="Task of the records nothing else assigns one to.")
+        list[str] | None,
+        typer.Option(
+            help="MODALITY=TASK (repeatable): the task of the MODALITY records (image, multi-image, "
+            "video, video+audio, audio, image+audio, text...) nothing else assigns one to; a plain TASK "
+            "takes every modality its taxonomy entry lists. A task never takes a modality it does not list.",
+        ),
     ] = None,
     verify_media: Annotated[
         str,
@@ -139,7 +144,7 @@ def calibrate(
         split=split,
         verify_media=_media_kinds(verify_media),
         task_mappings=tuple(task or ()),
-        default_task=default_task,
+        default_task=tuple(default_task or ()),
         workers=workers,
         dry_run=dry_run,
     )
