@@ -101,7 +101,7 @@ def calibrate(
     workers: Annotated[
         int | None,
         typer.Option(
-            help="Processes a JSONL file is read in, each taking a part of it; the set is the same for "
+            help="Processes a JSONL file or JSON array is read in, each taking a part of it; the set is the same for "
             "any number. Default: one per CPU core, for files of 16 MB and more.",
             show_default=False,
         ),
