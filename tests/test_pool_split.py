@@ -234,23 +234,29 @@ def test_part_count_by_default_is_one_per_cpu_for_big_files_only():
     assert split.part_count(10, 3) == 3  # asked for: a test or a user's choice
 
 
-def test_calibration_sets_built_in_parts_are_the_same_bytes(demo_pool, tmp_path):
-    media = Media(tmp_path / "media")
-    lines = [line for line in _mixed_lines(demo_pool, media) if '"task"' in line]
-    pool = _write(tmp_path / "pool.jsonl", lines)
+def _calibration_sets(pool: Path, demo_pool: Path, tmp_path: Path, workers: tuple[int, ...]) -> list[dict]:
+    """The files of the calibration set built from ``pool`` read in each number of parts."""
     outputs = []
-    out = tmp_path / "set"  # one folder (the samples name their media by absolute path), built twice
-    for workers in (1, 3):
+    out = tmp_path / "set"  # one folder (the samples name their media by absolute path), built again
+    for count in workers:
         if out.exists():
             shutil.rmtree(out)
         build_calibration_set(
             [pool], out,
-            CalibrateOptions(size=60, skip_invalid=True, media_roots=(demo_pool.parent,), workers=workers,
+            CalibrateOptions(size=60, skip_invalid=True, media_roots=(demo_pool.parent,), workers=count,
                              allow_missing_tasks=True),
         )  # fmt: skip
         outputs.append(
             {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
         )
+    return outputs
+
+
+def test_calibration_sets_built_in_parts_are_the_same_bytes(demo_pool, tmp_path):
+    media = Media(tmp_path / "media")
+    lines = [line for line in _mixed_lines(demo_pool, media) if '"task"' in line]
+    pool = _write(tmp_path / "pool.jsonl", lines)
+    outputs = _calibration_sets(pool, demo_pool, tmp_path, (1, 3))
     assert outputs[0] == outputs[1]
     assert any(name.startswith("media/") for name in outputs[0])  # embedded images carried along
 
@@ -500,17 +506,5 @@ def test_calibration_sets_built_from_an_array_in_parts_are_the_same_bytes(demo_p
     media = Media(tmp_path / "media")
     lines = [line for line in _mixed_lines(demo_pool, media) if '"task"' in line]
     pool = _array(tmp_path / "pool.json", lines, "indented")
-    outputs = []
-    out = tmp_path / "set"
-    for workers in (1, 2, 3):
-        if out.exists():
-            shutil.rmtree(out)
-        build_calibration_set(
-            [pool], out,
-            CalibrateOptions(size=60, skip_invalid=True, media_roots=(demo_pool.parent,), workers=workers,
-                             allow_missing_tasks=True),
-        )  # fmt: skip
-        outputs.append(
-            {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
-        )
+    outputs = _calibration_sets(pool, demo_pool, tmp_path, (1, 2, 3))
     assert outputs[0] == outputs[1] == outputs[2]
