@@ -187,8 +187,8 @@ class _NotUtf8(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class ArrayPart:
-    """What reading (a part of) a JSON array covered."""
+class PartRead:
+    """What reading (a part of) a JSON array, or of a JSONL file (quantkit.pool.split), covered."""
 
     lines: int  # newlines from its first byte to ``end``
     # the first record not read (at ``stop`` or after), or where the array (or a malformed spot) ends
@@ -205,7 +205,7 @@ def read_json_array(
     start: int = 0,
     stop: int | None = None,
     first_line: int = 1,
-) -> ArrayPart:
+) -> PartRead:
     """Every element of a JSON array, each validated with the line it starts on and its byte
     offset, the text decoded a chunk at a time (memory stays flat however big the file). A
     malformed array stops at the first error, named by its line and byte: nothing after it can be
@@ -235,7 +235,7 @@ class _ArrayReader:
         self.counted = 0
         return window.more(keep)
 
-    def _malformed(self, at: int, message: str) -> ArrayPart:
+    def _malformed(self, at: int, message: str) -> PartRead:
         """Report malformed JSON at character ``at`` of the text (its line and byte)."""
         window = self.window
         line = self.line + window.text.count("\n", self.counted, at)
@@ -243,12 +243,12 @@ class _ArrayReader:
         self.on_error(line, RecordError(f"malformed JSON: {message} (byte {byte})"))
         return self._done(line, byte, stopped=True)
 
-    def _done(self, line: int, end: int, *, stopped: bool = False) -> ArrayPart:
+    def _done(self, line: int, end: int, *, stopped: bool = False) -> PartRead:
         if self.on_bytes is not None and end > self.reported:
             self.on_bytes(end - self.reported)
-        return ArrayPart(line - self.first_line, end, stopped)
+        return PartRead(line - self.first_line, end, stopped)
 
-    def run(self, stop: int | None) -> ArrayPart:
+    def run(self, stop: int | None) -> PartRead:
         try:
             return self._run(stop)
         except _NotUtf8 as err:
@@ -261,7 +261,7 @@ class _ArrayReader:
             self.on_error(line, RecordError(f"not UTF-8 text: {err.reason} (byte {err.byte})"))
             return self._done(line, err.byte, stopped=True)
 
-    def _run(self, stop: int | None) -> ArrayPart:
+    def _run(self, stop: int | None) -> PartRead:
         window = self.window = _Window(self.handle, self.start)
         scan, search, parse, on_error, on_bytes = (
             _scan_json,
@@ -328,7 +328,7 @@ class _ArrayReader:
                 return self._closed(i)
             return self._malformed(i, "expected ',' or ']' after a record")
 
-    def _closed(self, i: int) -> ArrayPart:
+    def _closed(self, i: int) -> PartRead:
         """The array's ']' at character ``i``: only whitespace may follow, to the end of the file."""
         window = self.window
         i += 1

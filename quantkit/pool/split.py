@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from quantkit.pool.jsonfile import ArrayPart, OnError, read_json_array, read_jsonl
+from quantkit.pool.jsonfile import OnError, PartRead, read_json_array, read_jsonl
 from quantkit.pool.parse import ParseContext, RecordParser
 from quantkit.pool.record import RecordError
 
@@ -221,7 +221,7 @@ class SplitRead:
         on_error: OnError,
         on_bytes: Callable[[int], None] | None,
         first_line: int,
-    ) -> ArrayPart:
+    ) -> PartRead:
         """Read the records from byte ``start`` (a record's first byte, or 0) to ``stop`` (the
         file's size: to its end) with this process's parser: what it covered (for JSONL, every
         line to ``stop``)."""
@@ -233,7 +233,7 @@ class SplitRead:
         lines = read_jsonl(
             self.path, parse, on_error, on_bytes, start=start, stop=stop, first_line=first_line
         )
-        return ArrayPart(lines, stop, False)
+        return PartRead(lines, stop, False)
 
     # -- in a child ----------------------------------------------------------------------------
 
@@ -281,7 +281,7 @@ class SplitRead:
         try:
             covered = self._read_range(start, stop, on_error, on_bytes, 1)
         except _FirstError:
-            covered = ArrayPart(-1, stop, True)  # stopped at errors[-1]: nothing after it is used
+            covered = PartRead(-1, stop, True)  # stopped at errors[-1]: nothing after it is used
         group_keys = {}  # a new group (numbered from 0 in this part) -> (media spelling, task)
         for key, combo in parser.combos.items():
             for name, shared in (combo.derived.tails if combo.derived else {}).items():
@@ -371,14 +371,14 @@ class SplitRead:
             self._merge(payload, line - 1, keys, on_error)
             if payload["lines"] < 0:  # (on_error raised for its last error, when not skipping)
                 raise RuntimeError("a part stopped at an invalid record that was not reported")
-            covered = ArrayPart(payload["lines"], payload["end"], payload["stopped"])
+            covered = PartRead(payload["lines"], payload["end"], payload["stopped"])
             line += covered.lines
         if on_bytes is not None:
             rest = self.children_bytes()
             if rest:
                 on_bytes(rest)
 
-    def _cuts_hold(self, covered: ArrayPart, payloads: list[dict]) -> bool:
+    def _cuts_hold(self, covered: PartRead, payloads: list[dict]) -> bool:
         """Whether each part used starts where the part before it ended (always, for JSONL; for
         an array, unless a cut fell inside a record)."""
         for child, payload in zip(self.children, payloads, strict=True):
@@ -386,7 +386,7 @@ class SplitRead:
                 return True  # nothing after it is used
             if child.start != covered.end:
                 return False
-            covered = ArrayPart(payload["lines"], payload["end"], payload["stopped"])
+            covered = PartRead(payload["lines"], payload["end"], payload["stopped"])
         return True
 
     def _group_keys(self) -> dict:
