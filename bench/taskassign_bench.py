@@ -72,7 +72,8 @@ def main() -> None:
             assigner = TaskAssigner(
                 taxonomy,
                 ["pool/part*.jsonl=ocr"] if path == "mapping" else (),
-                default_task="short_caption" if path == "default" else None,
+                # one default per modality of UNMATCHED: a task takes only the modalities it lists
+                default_task=["short_caption", "video+audio=selling_points", "audio=asr"] if path == "default" else None,
             )
             assign = assigner.assign
             start = time.process_time()

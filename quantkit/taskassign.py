@@ -2,8 +2,9 @@
 
 Precedence, per record: its own task field > a ``--task SOURCE=TASK`` mapping (SOURCE: a pool
 file, a glob, a folder, or a LLaMA-Factory dataset name; the first mapping that matches wins) >
-the taxonomy's ``match`` rules (in file order, the first that matches wins) > ``--default-task``.
-A record left without a task is counted per source; :meth:`TaskAssigner.unassigned_error` then
+the taxonomy's ``match`` rules (in file order, the first that matches wins) > ``--default-task``
+(per modality: a default task takes only records of a modality its taxonomy entry lists). A
+record left without a task is counted per source; :meth:`TaskAssigner.unassigned_error` then
 names, per source, the flag that would assign it.
 
 The pool reader calls :meth:`TaskAssigner.assign` once per record of pools of millions: the field
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from quantkit.errors import InputError
-from quantkit.taxonomy import MatchRule, Taxonomy, modality_kinds, task_lookup
+from quantkit.taxonomy import MEDIA_KINDS, MatchRule, Taxonomy, is_valid_modality, task_lookup
 
 ORIGINS = ("field", "mapping", "rule", "default")
 EXAMPLE_CHARS = 120  # an example prompt in the summary is cut to about this
@@ -35,16 +36,26 @@ class TaskEvidence:
     source: str  # the pool file as the user named it (str of the Path), glob-matchable
     dataset: str | None  # LLaMA-Factory dataset name when read through dataset_info.json, else None
     record_task: str | None  # the record's own task field, raw spelling, None when absent/empty
-    user_text: str  # text of the system + user turns, joined with "\n" (placeholders kept)
+    user_text: str  # text of the user turns (the request: no system text, no tool definitions), "\n"-joined
     answer_text: str  # text of the assistant turns, joined with "\n"
     media_kinds: frozenset[str]  # subset of {"image", "video", "audio"} the record carries
+    # The record's modality name (quantkit.pool.sizes.modality_name: multi-image, a video's sound);
+    # None: the media kinds' (one item each, videos silent).
+    modality: str | None = None
+
+    @property
+    def modality_name(self) -> str:
+        if self.modality is not None:
+            return self.modality
+        return "+".join(kind for kind in MEDIA_KINDS if kind in self.media_kinds) or "text"
 
 
 @dataclass(frozen=True, slots=True)
 class TaskAssignment:
     task: str | None  # canonical taxonomy task name; None = no task could be assigned
     origin: str  # "field" | "mapping" | "rule" | "default" | "none"
-    detail: str  # field: raw value; mapping: the SOURCE pattern; rule: "<task>.match[<i>]"; default: ""
+    # field: raw value; mapping: the SOURCE pattern; rule: "<task>.match[<i>]"; default: the modality
+    detail: str
 
 
 class UnknownTaskError(ValueError):
@@ -91,11 +102,16 @@ class TaskAssigner:
     """Gives each record its task (see the module) and keeps the counts the report shows."""
 
     def __init__(
-        self, taxonomy: Taxonomy, mappings: Sequence[str] = (), default_task: str | None = None
+        self,
+        taxonomy: Taxonomy,
+        mappings: Sequence[str] = (),
+        default_task: str | Sequence[str] | None = None,
     ) -> None:
         """mappings are the CLI's `--task SOURCE=TASK` strings (SOURCE: a pool file, a glob, or a
-        LLaMA-Factory dataset name). Raises quantkit.errors.InputError (exit 2) for a malformed mapping,
-        an unknown task (with the close matches), an unknown --default-task."""
+        LLaMA-Factory dataset name); default_task the `--default-task` values, each MODALITY=TASK or
+        TASK (for every modality the task lists). Raises quantkit.errors.InputError (exit 2) for a
+        malformed mapping, an unknown task (with the close matches), a default that names an unknown
+        modality, one the task does not list, or two tasks for one modality."""
         self.taxonomy = taxonomy
         names = task_lookup(taxonomy)
         # Every assignment the assigner can give is made once; counts are kept per slot (index).
@@ -144,16 +160,61 @@ class TaskAssigner:
         self._examples: dict[int, list[str]] = {slot: [] for slot, _ in self._rules}
         self._user_found: dict[str, dict] = {}
 
-        self._default: int | None = None
-        if default_task is not None:
-            task = names.get(default_task)
+        # modality -> the slot of its default task; (flag as given, modality, slot) for the report
+        self._defaults: dict[str, int] = {}
+        self._default_rows: list[tuple[str, str, int]] = []
+        self._parse_defaults(default_task, names)
+        # (source, dataset) -> [records without a task, modalities seen, an example prompt]
+        self._missing: dict[tuple[str, str | None], list] = {}
+
+    def _parse_defaults(self, values: str | Sequence[str] | None, names: dict) -> None:
+        """``--default-task`` values: MODALITY=TASK, or TASK for each modality the task lists (an
+        explicit MODALITY=TASK wins over it)."""
+        if values is None:
+            return
+        values = [values] if isinstance(values, str) else list(values)
+        modality_names = sorted({m for task in self.taxonomy.tasks for m in task.modalities})
+        claims: dict[str, tuple[str, str, bool]] = {}  # modality -> (task, flag, explicit)
+        for text in values:
+            modality, sep, task_name = text.rpartition("=")
+            modality, task_name = modality.strip(), task_name.strip()
+            if sep and not modality:
+                raise InputError(f"--default-task {_flag(text)}: expected MODALITY=TASK or TASK")
+            task = names.get(task_name)
             if task is None:
                 raise InputError(
-                    f"--default-task {default_task!r}: unknown task; {taxonomy.suggest(default_task)}"
+                    f"--default-task {_flag(text)}: unknown task {task_name!r}; {self.taxonomy.suggest(task_name)}"
+                    if sep
+                    else f"--default-task {_flag(text)}: unknown task; {self.taxonomy.suggest(task_name)}"
                 )
-            self._default = self._slot(task.name, "default", "")
-        # (source, dataset) -> [records without a task, media kinds seen, an example prompt]
-        self._missing: dict[tuple[str, str | None], list] = {}
+            if sep and not is_valid_modality(modality):
+                raise InputError(
+                    f"--default-task {_flag(text)}: unknown modality {modality!r}",
+                    hint=f"modalities the taxonomy lists: {', '.join(modality_names)}",
+                )
+            if sep and modality not in task.modalities:
+                raise InputError(
+                    f"--default-task {_flag(text)}: task {task.name!r} takes {', '.join(task.modalities)} "
+                    f"records, not {modality}",
+                    hint=f"tasks for {modality} records: {', '.join(self._tasks_of(modality)) or 'none'}",
+                )
+            for each in [modality] if sep else task.modalities:
+                held = claims.get(each)
+                if held is not None and held[0] != task.name and held[2] == bool(sep):
+                    raise InputError(
+                        f"--default-task {_flag(text)}: {each} records already go to {held[0]!r} "
+                        f"(--default-task {_flag(held[1])})",
+                        hint=f"give one task per modality: --default-task '{each}=TASK'",
+                    )
+                if held is None or (sep and not held[2]):
+                    claims[each] = (task.name, text, bool(sep))
+        for modality, (task_name, text, _) in claims.items():
+            slot = self._slot(task_name, "default", modality)
+            self._defaults[modality] = slot
+            self._default_rows.append((text, modality, slot))
+
+    def _tasks_of(self, modality: str) -> list[str]:
+        return [task.name for task in self.taxonomy.tasks if modality in task.modalities]
 
     def _slot(self, task: str, origin: str, detail: str) -> int:
         self._slots.append(TaskAssignment(task, origin, detail))
@@ -181,7 +242,7 @@ class TaskAssigner:
             if slot is None:
                 slot = self._rule_of(evidence)
                 if slot is None:
-                    slot = self._default
+                    slot = self._defaults.get(evidence.modality_name) if self._defaults else None
                     if slot is None:
                         self._note_missing(evidence)
                         return _NONE
@@ -251,7 +312,7 @@ class TaskAssigner:
         if entry is None:
             entry = self._missing[key] = [0, set(), example_prompt(evidence.user_text)]
         entry[0] += 1
-        entry[1].add(evidence.media_kinds)
+        entry[1].add(evidence.modality_name)
 
     # -- a pool read in parts (quantkit.pool.split) --------------------------------------------
 
@@ -288,12 +349,10 @@ class TaskAssigner:
 
     # -- afterwards ----------------------------------------------------------------------------
 
-    def _fitting_tasks(self, kinds_seen: set[frozenset[str]]) -> list[str]:
-        """The tasks whose modalities fit every media combination in ``kinds_seen``."""
+    def _fitting_tasks(self, modalities_seen: set[str]) -> list[str]:
+        """The tasks that list every modality in ``modalities_seen``."""
         fitting = [
-            task.name
-            for task in self.taxonomy.tasks
-            if all(any(modality_kinds(m) == kinds for m in task.modalities) for kinds in kinds_seen)
+            task.name for task in self.taxonomy.tasks if all(m in task.modalities for m in modalities_seen)
         ]
         return fitting or [task.name for task in self.taxonomy.tasks]
 
@@ -333,11 +392,11 @@ class TaskAssigner:
                 }
                 for slot, rule in self._rules
             ],
-            "default_task": (
-                None
-                if self._default is None
-                else {"task": self._slots[self._default].task, "count": self._counts[self._default]}
-            ),
+            "default_tasks": [
+                {"flag": flag, "modality": modality, "task": self._slots[slot].task, "count": count}
+                for flag, modality, slot in self._default_rows
+                for count in [self._counts[slot]]
+            ],
             "unassigned": {
                 "count": unassigned,
                 "by_source": [
@@ -359,10 +418,10 @@ class TaskAssigner:
             f"{total} record(s) have no task: no task field, no --task mapping, no taxonomy match rule "
             "and no --default-task for them"
         ]
-        for (source, dataset), (count, kinds_seen, example) in missing[:_ERROR_SOURCES]:
-            fitting = self._fitting_tasks(kinds_seen)
+        for (source, dataset), (count, modalities_seen, example) in missing[:_ERROR_SOURCES]:
+            fitting = self._fitting_tasks(modalities_seen)
             task = fitting[0] if len(fitting) == 1 else "TASK"
-            media = " / ".join(sorted("+".join(sorted(k)) or "text" for k in kinds_seen))
+            media = " / ".join(sorted(modalities_seen))
             where = f"dataset {dataset} ({source})" if dataset else source
             line = f"  {where}: {count} record(s) ({media}), e.g. {example!r}: --task {_flag(f'{dataset or source}={task}')}"
             if task == "TASK":
@@ -370,8 +429,18 @@ class TaskAssigner:
             lines.append(line)
         if len(missing) > _ERROR_SOURCES:
             lines.append(f"  ... and {len(missing) - _ERROR_SOURCES} more source(s)")
+        left = sorted({m for _, entry in missing for m in entry[1]})
+        lines.append("or, per modality, a default task for the records left:")
+        for modality in left:
+            tasks = self._tasks_of(modality)
+            task = tasks[0] if len(tasks) == 1 else "TASK"
+            line = f"  {modality}: --default-task {_flag(f'{modality}={task}')}"
+            if task == "TASK":
+                line += f" with TASK one of {', '.join(tasks)}" if tasks else " (no task lists it)"
+            lines.append(line)
         return InputError(
             "\n".join(lines),
-            hint="name the task of a file, glob or dataset with --task 'SOURCE=TASK', give every record "
-            "left one task with --default-task TASK, or add a `match` rule to the taxonomy",
+            hint="name the task of a file, glob or dataset with --task 'SOURCE=TASK', give the records left "
+            "of a modality one task with --default-task 'MODALITY=TASK' (a task takes only the modalities "
+            "its taxonomy entry lists), or add a `match` rule to the taxonomy",
         )

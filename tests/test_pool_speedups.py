@@ -132,8 +132,8 @@ def test_task_summary_equals_assigning_each_record_over_several_sources(tmp_path
         for line in path.read_text(encoding="utf-8").splitlines():
             record = json.loads(line)
             turns = record["messages"]
-            # the prompt the rules see: the turns before the answer, joined by spaces
-            prompt = " ".join(turn["content"] for turn in turns[:-1])
+            # the request the rules see: the user's turns (not the system turn), joined by newlines
+            prompt = "\n".join(turn["content"] for turn in turns if turn["role"] == "user")
             expected.assign(TaskEvidence(str(path), None, record.get("task"), prompt, turns[-1]["content"], frozenset()))
     summary = read_assigner.summary()
     assert summary == expected.summary()

@@ -234,23 +234,29 @@ def test_part_count_by_default_is_one_per_cpu_for_big_files_only():
     assert split.part_count(10, 3) == 3  # asked for: a test or a user's choice
 
 
-def test_calibration_sets_built_in_parts_are_the_same_bytes(demo_pool, tmp_path):
-    media = Media(tmp_path / "media")
-    lines = [line for line in _mixed_lines(demo_pool, media) if '"task"' in line]
-    pool = _write(tmp_path / "pool.jsonl", lines)
+def _calibration_sets(pool: Path, demo_pool: Path, tmp_path: Path, workers: tuple[int, ...]) -> list[dict]:
+    """The files of the calibration set built from ``pool`` read in each number of parts."""
     outputs = []
-    out = tmp_path / "set"  # one folder (the samples name their media by absolute path), built twice
-    for workers in (1, 3):
+    out = tmp_path / "set"  # one folder (the samples name their media by absolute path), built again
+    for count in workers:
         if out.exists():
             shutil.rmtree(out)
         build_calibration_set(
             [pool], out,
-            CalibrateOptions(size=60, skip_invalid=True, media_roots=(demo_pool.parent,), workers=workers,
+            CalibrateOptions(size=60, skip_invalid=True, media_roots=(demo_pool.parent,), workers=count,
                              allow_missing_tasks=True),
         )  # fmt: skip
         outputs.append(
             {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
         )
+    return outputs
+
+
+def test_calibration_sets_built_in_parts_are_the_same_bytes(demo_pool, tmp_path):
+    media = Media(tmp_path / "media")
+    lines = [line for line in _mixed_lines(demo_pool, media) if '"task"' in line]
+    pool = _write(tmp_path / "pool.jsonl", lines)
+    outputs = _calibration_sets(pool, demo_pool, tmp_path, (1, 3))
     assert outputs[0] == outputs[1]
     assert any(name.startswith("media/") for name in outputs[0])  # embedded images carried along
 
@@ -365,3 +371,140 @@ def test_children_run_with_ctrl_c_blocked_and_this_process_without(demo_pool, tm
     result = _read(pool, demo_pool.parent, tmp_path, 2)
     assert "(RuntimeError: SIGINT blocked: True)" in result.notes[0]
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+# --- JSON arrays (LLaMA-Factory's and LLaVA's files) ------------------------------------------------
+
+
+def _array(path: Path, lines: list[str], style: str) -> Path:
+    """The records of JSONL ``lines`` as a JSON array: indented as LLaMA-Factory's demo files
+    (``json.dump(indent=2)``) or on one line as LLaVA's (``[{...}, {...}]``)."""
+    records = [line for line in lines if line.strip() and not line.endswith("[")]  # no malformed JSON
+    if style == "indented":
+        text = json.dumps([json.loads(r) for r in records], indent=2)
+    else:
+        text = "[" + ", ".join(records) + "]"
+    path.write_bytes(text.encode("utf-8", "surrogatepass"))
+    return path
+
+
+@pytest.mark.parametrize("style", ["indented", "one line"])
+@pytest.mark.parametrize("workers", [2, 3])
+def test_a_json_array_read_in_parts_gives_what_one_process_gives(demo_pool, tmp_path, style, workers):
+    media = Media(tmp_path / "media")
+    pool = _array(tmp_path / "pool.json", _mixed_lines(demo_pool, media), style)
+    one = _snapshot(_read(pool, demo_pool.parent, tmp_path, 1, skip_invalid=True))
+    assert len(split.array_part_bounds(pool, workers)) == workers  # the parts really are read apart
+    assert _snapshot(_read(pool, demo_pool.parent, tmp_path, workers, skip_invalid=True)) == one
+    assert one["duplicates"] and one["id_conflicts"] and len(one["skipped"]) >= 4
+    lines = pool.read_bytes().count(b"\n")
+    assert style == "one line" or max(line for _, line, _ in one["skipped"]) > lines // 2
+
+
+def _tricky_records(demo_pool: Path, copies: int) -> list[dict]:
+    """The demo pool's records, their texts full of what an array's parts are cut by: brackets,
+    braces, commas, escaped quotes and backslashes, the separator of records itself; and nested
+    objects that start as the records do (a cut there is inside a record)."""
+    tricky = ['}, {"id": "x"}', '"]', "\\", ',\n  {\n    "id"', "[{", 'é中文 \\"q\\" ', '\\"}]']
+    records = []
+    for copy in range(copies):
+        for i, record in enumerate(_demo_records(demo_pool)):
+            record = {"id": f"{copy}-{i}", **{k: v for k, v in record.items() if k != "id"}}
+            record["messages"][-1]["content"] += tricky[(copy + i) % len(tricky)] * (1 + i % 3)
+            if i % 4 == 0:
+                record["objects"] = [{"id": n, "note": tricky[n % len(tricky)]} for n in range(3)]
+            records.append(record)
+    return records
+
+
+@pytest.mark.parametrize("chunk", [7, None])
+def test_strings_with_brackets_and_cuts_inside_records_in_parts(demo_pool, tmp_path, monkeypatch, chunk):
+    from quantkit.pool import jsonfile
+
+    if chunk is not None:  # the decoding window's edges fall everywhere, strings included
+        monkeypatch.setattr(jsonfile, "_CHUNK", chunk)
+    records = _tricky_records(demo_pool, 4)
+    for style in ("indented", "one line"):
+        pool = tmp_path / f"{style}.json"
+        pool.write_text(json.dumps(records, indent=2 if style == "indented" else None, ensure_ascii=False))
+        # "objects" (ignored by the reader) hold {"id": ...} after ", ": cuts land inside records too
+        one = _snapshot(_read(pool, demo_pool.parent, tmp_path, 1))
+        assert one["sources"][0]["records"] == len(records)
+        for workers in (2, 7):
+            assert _snapshot(_read(pool, demo_pool.parent, tmp_path, workers)) == one, (style, workers)
+        texts = [r.payload for r in _read(pool, demo_pool.parent, tmp_path, 3).records]
+        assert sorted(json.loads(t)["messages"][-1]["content"] for t in texts) == sorted(
+            r["messages"][-1]["content"] for r in records
+        )
+
+
+def test_a_cut_inside_a_record_is_read_here(demo_pool, tmp_path):
+    records = _tricky_records(demo_pool, 6)
+    pool = tmp_path / "pool.json"
+    pool.write_text(json.dumps(records, ensure_ascii=False))
+    data = pool.read_bytes()
+    starts = set()
+    decoder, at = json.JSONDecoder(), 1
+    text = data.decode()
+    assert text.isascii() is False
+    for _ in records:  # the records' byte offsets
+        while text[at] in ", ":
+            at += 1
+        starts.add(len(text[:at].encode()))
+        at = decoder.raw_decode(text, at)[1]
+    cuts = [start for start, _ in split.array_part_bounds(pool, 12)[1:]]
+    assert any(cut not in starts for cut in cuts) and any(cut in starts for cut in cuts)
+    one = _snapshot(_read(pool, demo_pool.parent, tmp_path, 1))
+    assert _snapshot(_read(pool, demo_pool.parent, tmp_path, 12)) == one
+
+
+@pytest.mark.parametrize("where", ["first part", "last part"])
+def test_a_malformed_array_names_the_line_whatever_the_parts(demo_pool, tmp_path, where):
+    records = [json.dumps(r, indent=2) for r in _demo_records(demo_pool) * 4]
+    bad = 3 if where == "first part" else len(records) - 3
+    records[bad] = records[bad].replace('"messages": [', '"messages": [oops', 1)
+    pool = tmp_path / "pool.json"
+    pool.write_text("[\n" + ",\n".join(records) + "\n]\n")
+    line = next(n for n, text in enumerate(pool.read_text().splitlines(), start=1) if "[oops" in text)
+    for workers in (1, 3):
+        for skip in (False, True):
+            if skip:  # nothing after malformed JSON can be read: the records before it are kept
+                result = _read(pool, demo_pool.parent, tmp_path, workers, skip_invalid=True)
+                assert [(s.line, s.reason.split(" (byte")[0]) for s in result.skipped] == [
+                    (line, "malformed JSON: expected a value")
+                ]
+                assert result.sources[0].records == bad
+                continue
+            with pytest.raises(InputError) as caught:
+                _read(pool, demo_pool.parent, tmp_path, workers)
+            assert caught.value.line == line and "malformed JSON" in str(caught.value)
+    assert _children() == []
+
+
+def test_a_json_array_reader_holds_a_window_not_the_file(tmp_path, monkeypatch):
+    import tracemalloc
+
+    from quantkit.pool import jsonfile
+
+    monkeypatch.setattr(jsonfile, "_CHUNK", 64 << 10)
+    turns = [{"role": "user", "content": "x" * 400}, {"role": "assistant", "content": "é" * 200}]
+    record = {"messages": turns}
+    pool = tmp_path / "big.json"
+    pool.write_text(json.dumps([record] * 8000, indent=2, ensure_ascii=False))  # ~ 5 MB
+    count = []
+    tracemalloc.start()
+    try:
+        jsonfile.read_json_array(pool, lambda row, line, at: count.append(at), lambda *a: None, None)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(count) == 8000
+    assert peak < pool.stat().st_size // 8, peak  # the whole file's text would be 1-2x its size
+
+
+def test_calibration_sets_built_from_an_array_in_parts_are_the_same_bytes(demo_pool, tmp_path):
+    media = Media(tmp_path / "media")
+    lines = [line for line in _mixed_lines(demo_pool, media) if '"task"' in line]
+    pool = _array(tmp_path / "pool.json", lines, "indented")
+    outputs = _calibration_sets(pool, demo_pool, tmp_path, (1, 2, 3))
+    assert outputs[0] == outputs[1] == outputs[2]

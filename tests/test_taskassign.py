@@ -75,13 +75,13 @@ def test_precedence_field_then_mapping_then_rule_then_default(small):
     assert (got.task, got.origin, got.detail) == ("precise", "rule", "precise.match[0]")
     # Nothing else: the default.
     got = assigner.assign(evidence("What is this?", media=IMAGE))
-    assert (got.task, got.origin, got.detail) == ("looking", "default", "")
+    assert (got.task, got.origin, got.detail) == ("looking", "default", "image")
     assert assigner.unassigned_error() is None
     summary = assigner.summary()
     assert summary["records"] == 4
     assert summary["tasks"]["precise"] == {"field": 1, "mapping": 0, "rule": 1, "default": 0, "total": 2}
     assert summary["tasks"]["casual"]["mapping"] == 1 and summary["tasks"]["looking"]["default"] == 1
-    assert summary["default_task"] == {"task": "looking", "count": 1}
+    assert summary["default_tasks"] == [{"flag": "looking", "modality": "image", "task": "looking", "count": 1}]
     assert summary["mappings"] == [{"source": "pool/mapped.jsonl", "task": "casual", "count": 1}]
 
 
@@ -376,7 +376,8 @@ def test_unassigned_error_lists_each_source_with_the_flag(small):
     # A dataset read through dataset_info.json is named by its dataset name.
     assert "dataset chat_demo (lf/data/chat_demo.json): 1 record(s) (text)" in text
     assert "--task 'chat_demo=TASK' with TASK one of precise, casual" in text
-    assert "--default-task TASK" in err.hint
+    assert "--default-task 'MODALITY=TASK'" in err.hint
+    assert "image: --default-task 'image=looking'" in text
     unassigned = assigner.summary()["unassigned"]
     assert [(r["source"], r["count"]) for r in unassigned["by_source"]] == [
         ("data/photos.jsonl", 3),
@@ -549,7 +550,7 @@ def test_report_says_how_each_task_was_assigned(tmp_path, taxonomy):
     assert "| asr | 1 | 0 | 4 | 0 | 5 |" in section
     assert "| short_caption | 0 | 0 | 5 | 1 | 6 |" in section
     assert "- `pool/labelled_*.jsonl=ocr`: 1 record(s)" in section
-    assert "`--default-task short_caption`: 1 record(s)" in section
+    assert "- image -> short_caption: 1 record(s) (`--default-task short_caption`)" in section
     # Every rule that took records is named, with two of their prompts (placeholders visible).
     for rule in summary["rules"]:
         if rule["count"]:

@@ -56,7 +56,7 @@ class CalibrateOptions:
     ignore_fields: tuple[str, ...] = ()  # unused record fields that may hold media (--ignore-field)
     # Tasks for records without a task field (quantkit.taskassign).
     task_mappings: tuple[str, ...] = ()  # --task SOURCE=TASK
-    default_task: str | None = None
+    default_task: tuple[str, ...] = ()  # --default-task MODALITY=TASK or TASK (repeatable)
     dry_run: bool = False  # read and validate everything, write nothing
 
 

@@ -159,9 +159,14 @@ def _task_assignment(summary: dict | None) -> list[str]:
             f"- {_quoted(m['source'] + '=' + m['task'])}: {m['count']} record(s)" for m in summary["mappings"]
         ]
         lines.append("")
-    default = summary.get("default_task")
-    if default:
-        lines += [f"`--default-task {default['task']}`: {default['count']} record(s)", ""]
+    defaults = summary.get("default_tasks")
+    if defaults:
+        lines += ["Default tasks (`--default-task`, per modality: a task takes only the modalities it lists):", ""]
+        lines += [
+            f"- {row['modality']} -> {row['task']}: {row['count']} record(s) (`--default-task {row['flag']}`)"
+            for row in defaults
+        ]
+        lines.append("")
     used = [rule for rule in summary["rules"] if rule["count"]]
     if used:
         lines += ["Rules of the taxonomy that took records (tried in file order, the first match wins):", ""]

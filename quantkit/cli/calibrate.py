@@ -86,7 +86,12 @@ def calibrate(
         ),
     ] = None,
     default_task: Annotated[
-        str | None, typer.Option(help="Task of the records nothing else assigns one to.")
+        list[str] | None,
+        typer.Option(
+            help="MODALITY=TASK (repeatable): the task of the MODALITY records (image, multi-image, "
+            "video, video+audio, audio, image+audio, text...) nothing else assigns one to; a plain TASK "
+            "takes every modality its taxonomy entry lists. A task never takes a modality it does not list.",
+        ),
     ] = None,
     verify_media: Annotated[
         str,
@@ -98,7 +103,7 @@ def calibrate(
     workers: Annotated[
         int | None,
         typer.Option(
-            help="Processes a JSONL file is read in, each taking a part of it; the set is the same for "
+            help="Processes a JSONL file or JSON array is read in, each taking a part of it; the set is the same for "
             "any number. Default: one per CPU core, for files of 16 MB and more.",
             show_default=False,
         ),
@@ -149,7 +154,7 @@ def calibrate(
         split=split,
         verify_media=_media_kinds(verify_media),
         task_mappings=tuple(task or ()),
-        default_task=default_task,
+        default_task=tuple(default_task or ()),
         workers=workers,
         ignore_fields=tuple(ignore_field or ()),
         dry_run=dry_run,

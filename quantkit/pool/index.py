@@ -2,7 +2,7 @@
 
 Per record: its group (the source x media combination x task it shares with others: task,
 modality, bucket, stratum, media, JSON pieces), its id, its line and where to read it again
-(a byte offset, a character index or a row), a 16-byte digest of its text for the duplicate check
+(a byte offset or a row), a 16-byte digest of its text for the duplicate check
 and a hash of its id — about 64 bytes, in arrays, whatever the pool's size. The text of a record is
 read again only when it is selected (``materialize``), so a 10M-record pool stays well under 1 GB.
 """

@@ -3,9 +3,12 @@ LLaMA-Factory and Qwen-VL demo file); a record's line is where it starts in the 
 
 from __future__ import annotations
 
+import codecs
 import json
+import re
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from quantkit.pool.record import RecordError, not_unicode
@@ -106,68 +109,232 @@ def jsonl_at(path: Path, places: list[tuple[int, int]], parse: Parse) -> None:
 
 
 def json_array_at(path: Path, places: list[tuple[int, int]], parse: Parse) -> None:
-    """Parse again the records at (line, character index) ``places`` of a JSON array."""
-    text = path.read_bytes().decode("utf-8-sig")
-    for line, index in places:
-        parse(_scan_json(text, index)[0], line, index)
+    """Parse again the records at (line, byte offset) ``places`` of a JSON array, in that order."""
+    with open(path, "rb") as handle:
+        for line, offset in places:
+            window = _Window(handle, offset, _REREAD_CHUNK)
+            while True:
+                try:
+                    row = _scan_json(window.text, 0)[0]
+                    break
+                except (json.JSONDecodeError, StopIteration):
+                    if not window.more(0):
+                        raise
+            parse(row, line, offset)
+
+
+_CHUNK = 1 << 20  # bytes of a JSON array decoded at a time: the reader's memory is flat in the file's size
+_REREAD_CHUNK = 64 << 10
+_BOM = b"\xef\xbb\xbf"
+_NOT_SPACE = re.compile(r"[^ \t\n\r]")
+# An error this close to the text's end may be the chunk's cut (a literal, a \uXXXX escape, a
+# number): read on before calling it malformed.
+_CUT = 12
+
+
+class _Window:
+    """A JSON array's text from a byte offset on, decoded a chunk at a time (strict UTF-8): what
+    the scanner reads. ``byte_at`` gives the file offset of a character of it."""
+
+    __slots__ = ("handle", "decoder", "chunk", "text", "base", "eof", "ascii", "_char", "_byte", "read")
+
+    def __init__(self, handle, start: int, chunk: int | None = None) -> None:
+        handle.seek(start)
+        if start == 0 and handle.read(3) != _BOM:
+            handle.seek(0)
+        self.handle, self.chunk = handle, chunk or _CHUNK
+        self.decoder = codecs.getincrementaldecoder("utf-8")()
+        self.text, self.base, self.eof, self.ascii = "", handle.tell(), False, True
+        self._char, self._byte = 0, self.base  # a character of text and its file offset (moves forward)
+        self.read = 0  # bytes read from the file
+        self.more(0)
+
+    def more(self, keep: int) -> bool:
+        """Drop the text before character ``keep`` and decode the next chunk after the rest;
+        False at the end of the file. Raises UnicodeDecodeError for bytes that are not UTF-8."""
+        if self.eof:
+            return False
+        data = self.handle.read(self.chunk)
+        self.read += len(data)
+        if keep:
+            self.base = self.byte_at(keep)
+            self.text = self.text[keep:]
+            self._char, self._byte = 0, self.base
+        pending = self.decoder.getstate()[0]  # the bytes of a character the last chunk cut
+        try:
+            self.text += self.decoder.decode(data, final=not data)
+        except UnicodeDecodeError as err:
+            before = (pending + data)[: err.start]
+            raise _NotUtf8(
+                self.handle.tell() - len(data) - len(pending) + err.start, before.count(b"\n"), err.reason
+            ) from None
+        self.ascii = self.text.isascii()
+        self.eof = not data
+        return bool(data)
+
+    def byte_at(self, i: int) -> int:
+        """The file offset of ``text[i]``; ``i`` no less than at the last call since ``more``."""
+        if self.ascii:
+            return self.base + i
+        self._byte += len(self.text[self._char : i].encode("utf-8"))
+        self._char = i
+        return self._byte
+
+
+class _NotUtf8(Exception):
+    def __init__(self, byte: int, newlines: int, reason: str) -> None:
+        self.byte, self.newlines, self.reason = byte, newlines, reason  # newlines: in the new bytes before it
+
+
+@dataclass(frozen=True, slots=True)
+class PartRead:
+    """What reading (a part of) a JSON array, or of a JSONL file (quantkit.pool.split), covered."""
+
+    lines: int  # newlines from its first byte to ``end``
+    # the first record not read (at ``stop`` or after), or where the array (or a malformed spot) ends
+    end: int
+    stopped: bool  # malformed JSON ended the read: nothing after it can be read
 
 
 def read_json_array(
-    path: Path, parse: Parse, on_error: OnError, on_bytes: Callable[[int], None] | None
-) -> None:
-    """Every element of a JSON array, each validated with the line it starts on. A malformed
-    array stops at the first error (its position in the message): nothing after it can be read."""
-    try:
-        text = path.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise_malformed(on_error, 1, f"not UTF-8 text: {err}")
-        return
-    if on_bytes is not None:
-        on_bytes(len(text))
-    scan, n = _scan_json, len(text)
-    index = text.index("[") + 1
-    line, counted = 1 + text.count("\n", 0, index), index
+    path: Path,
+    parse: Parse,
+    on_error: OnError,
+    on_bytes: Callable[[int], None] | None,
+    *,
+    start: int = 0,
+    stop: int | None = None,
+    first_line: int = 1,
+) -> PartRead:
+    """Every element of a JSON array, each validated with the line it starts on and its byte
+    offset, the text decoded a chunk at a time (memory stays flat however big the file). A
+    malformed array stops at the first error, named by its line and byte: nothing after it can be
+    read.
 
-    def skip(i: int) -> int:
-        while i < n and text[i] in _WHITESPACE:
-            i += 1
-        return i
+    ``start`` / ``stop`` (quantkit.pool.split): from a record's first byte (0: the file's start,
+    then its '['), the records that start before ``stop`` (None: to the array's end, which is
+    checked), the first numbered ``first_line``."""
+    with open(path, "rb") as handle:
+        reader = _ArrayReader(handle, path, parse, on_error, on_bytes, start, first_line)
+        return reader.run(stop)
 
-    index = skip(index)
-    if index < n and text[index] == "]":
-        return
-    while True:
-        line += text.count("\n", counted, index)
-        counted = index
+
+class _ArrayReader:
+    def __init__(self, handle, path, parse, on_error, on_bytes, start, first_line) -> None:
+        self.path, self.parse, self.on_error, self.on_bytes = path, parse, on_error, on_bytes
+        self.start, self.first_line = start, first_line
+        self.line, self.counted = first_line, 0  # the line of text[counted]
+        self.reported = start  # bytes given to on_bytes
+        self.window: _Window | None = None
+        self.handle = handle
+
+    def _refill(self, keep: int) -> bool:
+        """More text, the text before ``keep`` dropped (its lines counted first)."""
+        window = self.window
+        self.line += window.text.count("\n", self.counted, keep)
+        self.counted = 0
+        return window.more(keep)
+
+    def _malformed(self, at: int, message: str) -> PartRead:
+        """Report malformed JSON at character ``at`` of the text (its line and byte)."""
+        window = self.window
+        line = self.line + window.text.count("\n", self.counted, at)
+        byte = window.byte_at(at)
+        self.on_error(line, RecordError(f"malformed JSON: {message} (byte {byte})"))
+        return self._done(line, byte, stopped=True)
+
+    def _done(self, line: int, end: int, *, stopped: bool = False) -> PartRead:
+        if self.on_bytes is not None and end > self.reported:
+            self.on_bytes(end - self.reported)
+        return PartRead(line - self.first_line, end, stopped)
+
+    def run(self, stop: int | None) -> PartRead:
         try:
-            row, end = scan(text, index)
-        except json.JSONDecodeError as err:
-            raise_malformed(
-                on_error, line, f"malformed JSON: {err.msg} (line {err.lineno} column {err.colno})"
+            return self._run(stop)
+        except _NotUtf8 as err:
+            window = self.window
+            line = (
+                self.line
+                + err.newlines
+                + (window.text.count("\n", self.counted) if window is not None else 0)
             )
-            return
-        except StopIteration:
-            raise_malformed(on_error, line, "malformed JSON: expected a value")
-            return
-        try:
-            parse(row, line, index)
-        except RecordError as err:
-            on_error(line, err)
-        except UnicodeEncodeError as err:
-            on_error(line, not_unicode(err))
-        index = skip(end)
-        if index < n and text[index] == ",":
-            index = skip(index + 1)
-            continue
-        if index < n and text[index] == "]":
-            if skip(index + 1) != n:
-                line += text.count("\n", counted, index)
-                raise_malformed(on_error, line, "malformed JSON: extra data after the array")
-            return
-        line += text.count("\n", counted, index)
-        raise_malformed(on_error, line, "malformed JSON: expected ',' or ']' after a record")
-        return
+            self.on_error(line, RecordError(f"not UTF-8 text: {err.reason} (byte {err.byte})"))
+            return self._done(line, err.byte, stopped=True)
 
+    def _run(self, stop: int | None) -> PartRead:
+        window = self.window = _Window(self.handle, self.start)
+        scan, search, parse, on_error, on_bytes = (
+            _scan_json,
+            _NOT_SPACE.search,
+            self.parse,
+            self.on_error,
+            self.on_bytes,
+        )
+        i, first = 0, self.start == 0
+        if first:  # the '[' (the source was read as an array because its first character is one)
+            while (found := search(window.text, 0)) is None and self._refill(len(window.text)):
+                pass
+            if found is None or window.text[found.start()] != "[":
+                return self._malformed(found.start() if found else len(window.text), "expected '['")
+            i = found.start() + 1
+        while True:
+            # the next value: skip whitespace, reading on where the text ends
+            while (found := search(window.text, i)) is None:
+                if not self._refill(len(window.text)):
+                    return self._malformed(len(window.text), "the array is not closed (expected ']')")
+                i = 0
+            i = found.start()
+            self.line += window.text.count("\n", self.counted, i)
+            self.counted = i
+            if first and window.text[i] == "]":
+                return self._closed(i)
+            first = False
+            at = window.byte_at(i)
+            if stop is not None and at >= stop:
+                return self._done(self.line, at)
+            if on_bytes is not None and at - self.reported >= _CHUNK:
+                on_bytes(at - self.reported)
+                self.reported = at
+            while True:  # the record, and the character after it, within the text
+                text = window.text
+                try:
+                    row, end = scan(text, i)
+                    after = search(text, end)
+                    if after is not None or window.eof:
+                        break
+                except json.JSONDecodeError as err:
+                    if window.eof or not (
+                        err.msg.startswith("Unterminated string") or err.pos >= len(text) - _CUT
+                    ):
+                        return self._malformed(err.pos, err.msg)
+                except StopIteration as err:  # no value where one must be (err.value: there)
+                    if window.eof or err.value < len(text) - _CUT:
+                        return self._malformed(err.value, "expected a value")
+                self._refill(i)  # a record cut by the chunk's end: read on
+                i = 0
+            try:
+                parse(row, self.line, at)
+            except RecordError as err:
+                on_error(self.line, err)
+            except UnicodeEncodeError as err:
+                on_error(self.line, not_unicode(err))
+            if after is None:
+                return self._malformed(len(text), "the array is not closed (expected ']')")
+            i = after.start()
+            if text[i] == ",":
+                i += 1
+                continue
+            if text[i] == "]":
+                return self._closed(i)
+            return self._malformed(i, "expected ',' or ']' after a record")
 
-def raise_malformed(on_error: OnError, line: int, message: str) -> None:
-    on_error(line, RecordError(message))
+    def _closed(self, i: int) -> PartRead:
+        """The array's ']' at character ``i``: only whitespace may follow, to the end of the file."""
+        window = self.window
+        i += 1
+        while (found := _NOT_SPACE.search(window.text, i)) is None:
+            if not self._refill(len(window.text)):
+                line = self.line + window.text.count("\n", self.counted)
+                return self._done(line, window.byte_at(len(window.text)))
+            i = 0
+        return self._malformed(found.start(), "extra data after the array")

@@ -67,7 +67,9 @@ _ROLE_MARK = {
     alias: chr(1 + sorted(set(ROLE_ALIASES.values())).index(role)) for alias, role in ROLE_ALIASES.items()
 }
 _TEXTS_KEPT = 4096  # turn texts whose JSON is kept (emptied when full: memory stays bounded)
-_PROMPT_ROLES = {alias for alias, role in ROLE_ALIASES.items() if role in ("system", "user")}
+# The request the taxonomy's rules read: the user's turns (system text and tool definitions describe
+# how to answer, not what was asked: a tool schema's "X-coordinate" is no grounding request).
+_REQUEST_ROLES = {alias for alias, role in ROLE_ALIASES.items() if role == "user"}
 _ANSWER_ROLES = {alias for alias, role in ROLE_ALIASES.items() if role == "assistant"}
 if PLACEHOLDER.pattern != "<(image|video|audio)>":  # _messages_json counts these literals
     raise RuntimeError(f"quantkit.chat.PLACEHOLDER changed ({PLACEHOLDER.pattern}): update _messages_json")
@@ -147,8 +149,8 @@ def _digest_text(turns: list) -> str:
 
 
 def _texts(turns: list, role_key: str, text_key: str) -> tuple[str, str]:
-    """(system + user text, assistant text) of the turns, each joined with newlines."""
-    prompt = "\n".join(t[text_key] for t in turns if t[role_key] in _PROMPT_ROLES)
+    """(user text, assistant text) of the turns, each joined with newlines."""
+    prompt = "\n".join(t[text_key] for t in turns if t[role_key] in _REQUEST_ROLES)
     answer = "\n".join(t[text_key] for t in turns if t[role_key] in _ANSWER_ROLES)
     return prompt, answer
 
@@ -352,7 +354,7 @@ class RecordParser:
         tokens = sum(image_tokens(i.width, i.height, rule) for i in image_infos)
         video_s = sum(v.duration_s for v in video_infos)
         audio_s = sum(a.duration_s for a in audio_infos)
-        has_sound = bool(video_infos) and all(v.has_audio for v in video_infos)
+        has_sound = any(v.has_audio for v in video_infos)  # sound in any video: the record has audio
         modality = modality_name(len(images), len(videos), len(audios), has_sound)
         if videos:
             bucket = bucket_label("video", video_s, buckets.video_seconds)
@@ -589,7 +591,7 @@ class RecordParser:
                     task = tasks[task_name]
                 else:
                     prompt, answer = _texts(raw, role_key, text_key)
-                    evidence = TaskEvidence(named, dataset, task_name, prompt, answer, derived.kinds)
+                    evidence = TaskEvidence(named, dataset, task_name, prompt, answer, derived.kinds, derived.modality)
                     try:
                         assignment = assign(evidence)
                     except UnknownTaskError as err:

@@ -28,7 +28,7 @@ from quantkit.pool.jsonfile import json_array_at, jsonl_at, read_json_array, rea
 from quantkit.pool.parse import MediaProbe, ParseContext, RecordParser
 from quantkit.pool.record import PoolReadResult, RecordError, SkippedRecord, SourceStats, not_unicode
 from quantkit.pool.sources import Source, resolve_sources
-from quantkit.pool.split import SplitRead, part_bounds, part_count
+from quantkit.pool.split import SplitRead, array_part_bounds, part_bounds, part_count
 from quantkit.pool.tables import csv_at, iter_csv, iter_table, table_at
 from quantkit.taskassign import ORIGINS
 from quantkit.taxonomy import ImageRule, Taxonomy
@@ -72,8 +72,8 @@ def read_pool(
     """Read and validate every record of every source; drop exact duplicates (same text, same
     media bytes).
 
-    ``workers``: processes a JSONL source is read in (quantkit.pool.split; the result is the same
-    for any number); None: one per CPU for files of at least 2 x split.MIN_PART_BYTES.
+    ``workers``: processes a JSONL file or JSON array is read in (quantkit.pool.split; the result
+    is the same for any number); None: one per CPU for files of at least 2 x split.MIN_PART_BYTES.
 
     The first invalid record raises InputError naming file and line, unless ``skip_invalid``.
     A field no reading of the record uses is counted per source; one holding media is an error
@@ -185,12 +185,12 @@ def _read_sources(
         index.sources.append(str(path))
         index.readers.append(functools.partial(_read_again, source, context, parser))
         split = None
-        if source.kind == "jsonl":
+        if source.kind in ("jsonl", "json"):
             parts = part_count(path.stat().st_size, workers)
             if parts > 1:
-                bounds = part_bounds(path, parts)
+                bounds = (part_bounds if source.kind == "jsonl" else array_part_bounds)(path, parts)
                 if len(bounds) > 1:  # forked before the hashing thread starts; None if it could not fork
-                    split = SplitRead(path, bounds, context, parser, skip_invalid).start()
+                    split = SplitRead(path, bounds, context, parser, skip_invalid, source.kind).start()
         try:
             # The file's hash is computed beside the parsing: hashlib and file reads release the GIL.
             digest = _in_background(sha256_file if path.is_file() else _folder_hash, path)

@@ -1,7 +1,15 @@
-"""Read a big JSONL source in parts, one process a part, into the index one process would build.
+"""Read a big JSONL file or JSON array in parts, one process a part, into the index one process
+would build.
 
-The file is cut at line starts into parts of about equal bytes. This process reads the first
-part while forked children read the others, each with a copy of the source's parser (taxonomy,
+A JSONL file is cut at line starts into parts of about equal bytes. A JSON array is cut where a
+record seems to start: at the bytes that separate its first two records (``,\n  {\n    "id"``,
+``, {"messages"``: the comma, the indentation, the brace and the first key), which a JSON string
+cannot hold (its quotes are escaped) and which nested objects rarely share. A cut is checked
+before it is used: the part before it must end exactly there (its last record's end, then a
+comma, then the cut). Where one does not, the cut was inside a record (a nested object that
+starts as records do): the rest of the file is then read here, as one process reads it.
+
+This process reads the first part while forked children read the others, each with a copy of the source's parser (taxonomy,
 rules, caches: nothing to rebuild or send) and of str's hash key, so the duplicate digests and id
 hashes they compute are the ones this process would. Each child sends back what its part added:
 the index columns, its new groups keyed by the media spelling and task that made them, its errors,
@@ -31,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from quantkit.pool.jsonfile import OnError, read_jsonl
+from quantkit.pool.jsonfile import OnError, PartRead, read_json_array, read_jsonl
 from quantkit.pool.parse import ParseContext, RecordParser
 from quantkit.pool.record import RecordError
 
@@ -41,7 +49,7 @@ _SLOT = struct.Struct("q")  # a child's bytes read so far, in the shared progres
 
 
 def part_count(size: int, workers: int | None) -> int:
-    """How many parts to read a ``size``-byte JSONL file in: ``workers`` when given (1: no
+    """How many parts to read a ``size``-byte file in: ``workers`` when given (1: no
     children), else one per CPU this process may run on, each part at least MIN_PART_BYTES."""
     if not hasattr(os, "fork"):
         return 1
@@ -70,6 +78,76 @@ def part_bounds(path: Path, parts: int) -> list[tuple[int, int]]:
     return list(zip(cuts, cuts[1:], strict=False))
 
 
+_SEARCH_BLOCK = 1 << 20  # bytes read at a time looking for an array's record separator
+
+
+def array_part_bounds(path: Path, parts: int) -> list[tuple[int, int]]:
+    """(start, stop) byte ranges covering a JSON array, each later one from where a record seems
+    to start (see the module: the SplitRead checks each), ``parts`` of them or fewer (one when the
+    array has fewer than two records, or records that are not objects)."""
+    size = path.stat().st_size
+    separator = _record_separator(path) if parts > 1 else None
+    if separator is None:
+        return [(0, size)]
+    brace = separator.index(b"{")
+    cuts = [0]
+    with open(path, "rb") as handle:
+        for k in range(1, parts):
+            target, limit = max(size * k // parts, cuts[-1] + 1), size * (k + 1) // parts
+            found = _find(handle, separator, target, limit)
+            if found is not None and cuts[-1] < found + brace < size:
+                cuts.append(found + brace)
+    cuts.append(size)
+    return list(zip(cuts, cuts[1:], strict=False))
+
+
+def _record_separator(path: Path) -> bytes | None:
+    """The bytes from the comma after an array's first record to the end of the second record's
+    first key, as the file writes them; None where there is no such thing."""
+    seen: list[int] = []
+
+    def note(row: object, line: int, at: int) -> None:
+        seen.append(at)
+        if len(seen) == 2:
+            raise _FirstError
+
+    with contextlib.suppress(_FirstError):
+        read_json_array(path, note, _stop_reading, None)
+    if len(seen) < 2:
+        return None
+    with open(path, "rb") as handle:
+        handle.seek(seen[0])
+        head = handle.read(seen[1] - seen[0] + 4096)
+    second = head[seen[1] - seen[0] :]
+    comma = head.rfind(b",", 0, seen[1] - seen[0])
+    if comma < 0 or not second.startswith(b"{"):
+        return None
+    quote = second.find(b'"')
+    end = second.find(b'"', quote + 1) if quote > 0 and not second[1:quote].strip() else -1
+    if end < 0 or b"\\" in second[quote:end]:
+        return None
+    return head[comma : seen[1] - seen[0]] + second[: end + 1]
+
+
+def _stop_reading(line: int, err: RecordError) -> None:
+    raise _FirstError
+
+
+def _find(handle, needle: bytes, start: int, limit: int) -> int | None:
+    """The first offset of ``needle`` at ``start`` or after, before ``limit`` (read a block at a time)."""
+    position = start
+    while position < limit:
+        handle.seek(position)
+        block = handle.read(_SEARCH_BLOCK + len(needle) - 1)
+        found = block.find(needle)
+        if found >= 0:
+            return position + found if position + found < limit else None
+        if len(block) < _SEARCH_BLOCK:
+            return None
+        position += _SEARCH_BLOCK
+    return None
+
+
 class _FirstError(Exception):
     """Stops a child at its part's first invalid record when invalid records are not skipped."""
 
@@ -93,9 +171,11 @@ class SplitRead:
         context: ParseContext,
         parser: RecordParser,
         skip_invalid: bool,
+        kind: str = "jsonl",
     ) -> None:
+        """``kind``: "jsonl" (bounds from part_bounds) or "json" (an array, array_part_bounds)."""
         self.path, self.bounds, self.context, self.parser = path, bounds, context, parser
-        self.skip_invalid = skip_invalid
+        self.skip_invalid, self.kind = skip_invalid, kind
         self.children: list[_Child] = []
         self._parent = os.getpid()
         self.progress = mmap.mmap(-1, _SLOT.size * len(bounds))
@@ -133,6 +213,27 @@ class SplitRead:
             )
             return None
         return self
+
+    def _read_range(
+        self,
+        start: int,
+        stop: int,
+        on_error: OnError,
+        on_bytes: Callable[[int], None] | None,
+        first_line: int,
+    ) -> PartRead:
+        """Read the records from byte ``start`` (a record's first byte, or 0) to ``stop`` (the
+        file's size: to its end) with this process's parser: what it covered (for JSONL, every
+        line to ``stop``)."""
+        parse = self.parser.parse
+        if self.kind == "json":
+            last = stop >= self.bounds[-1][1]
+            return read_json_array(self.path, parse, on_error, on_bytes, start=start,
+                                   stop=None if last else stop, first_line=first_line)  # fmt: skip
+        lines = read_jsonl(
+            self.path, parse, on_error, on_bytes, start=start, stop=stop, first_line=first_line
+        )
+        return PartRead(lines, stop, False)
 
     # -- in a child ----------------------------------------------------------------------------
 
@@ -180,16 +281,18 @@ class SplitRead:
             _SLOT.pack_into(progress, offset, done[0])
 
         try:
-            lines = read_jsonl(self.path, parser.parse, on_error, on_bytes, start=start, stop=stop)
+            covered = self._read_range(start, stop, on_error, on_bytes, 1)
         except _FirstError:
-            lines = -1  # stopped at errors[-1]: nothing after it is used
+            covered = PartRead(-1, stop, True)  # stopped at errors[-1]: nothing after it is used
         group_keys = {}  # a new group (numbered from 0 in this part) -> (media spelling, task)
         for key, combo in parser.combos.items():
             for name, shared in (combo.derived.tails if combo.derived else {}).items():
                 if shared[5] >= groups_before:
                     group_keys[shared[5] - groups_before] = (key, name)
         return {
-            "lines": lines,
+            "lines": covered.lines,
+            "end": covered.end,
+            "stopped": covered.stopped,
             "errors": errors,
             "groups": index.groups[groups_before:],
             "group_keys": group_keys,
@@ -232,7 +335,7 @@ class SplitRead:
     def _read(self, on_error: OnError, on_bytes: Callable[[int], None] | None) -> None:
         report = None if on_bytes is None else (lambda n: on_bytes(n + self.children_bytes()))
         start, stop = self.bounds[0]
-        lines = read_jsonl(self.path, self.parser.parse, on_error, report, start=start, stop=stop)
+        covered = self._read_range(start, stop, on_error, report, 1)
         payloads = []
         for child in self.children:
             fd, child.pipe = child.pipe, -1  # the file object below owns (and closes) it
@@ -250,28 +353,45 @@ class SplitRead:
             except Exception as err:  # the child died before it wrote all of it
                 payload = {"failed": f"no result ({type(err).__name__})"}
             payloads.append(payload)
+        size = self.bounds[-1][1]
         failed = next((p["failed"] for p in payloads if "failed" in p), None)
         if failed is not None:
             self.context.result.notes.append(
                 f"{self.path.name}: a process reading part of it failed ({failed}); read in one process"
             )
-            rest = self.bounds[-1][1] - self.bounds[1][0] - sum(self.counted)  # not reported yet
-            read_jsonl(
-                self.path, self.parser.parse, on_error, None, start=self.bounds[1][0], first_line=lines + 1
-            )
+        if failed is not None or not self._cuts_hold(covered, payloads):
+            # Read the rest here: this process's parser then numbers every group it meets, as alone.
+            rest = size - covered.end - sum(self.counted)  # not reported yet
+            if not covered.stopped:
+                self._read_range(covered.end, size, on_error, None, covered.lines + 1)
             if on_bytes is not None and rest > 0:
                 on_bytes(rest)
             return
         keys = self._group_keys()
+        line = covered.lines + 1  # of the first byte of the next part
         for payload in payloads:
-            self._merge(payload, lines, keys, on_error)
+            if covered.stopped:  # malformed JSON: nothing after it is read, as in one process
+                break
+            self._merge(payload, line - 1, keys, on_error)
             if payload["lines"] < 0:  # (on_error raised for its last error, when not skipping)
                 raise RuntimeError("a part stopped at an invalid record that was not reported")
-            lines += payload["lines"]
+            covered = PartRead(payload["lines"], payload["end"], payload["stopped"])
+            line += covered.lines
         if on_bytes is not None:
             rest = self.children_bytes()
             if rest:
                 on_bytes(rest)
+
+    def _cuts_hold(self, covered: PartRead, payloads: list[dict]) -> bool:
+        """Whether each part used starts where the part before it ended (always, for JSONL; for
+        an array, unless a cut fell inside a record)."""
+        for child, payload in zip(self.children, payloads, strict=True):
+            if covered.stopped:
+                return True  # nothing after it is used
+            if child.start != covered.end:
+                return False
+            covered = PartRead(payload["lines"], payload["end"], payload["stopped"])
+        return True
 
     def _group_keys(self) -> dict:
         """(media spelling, task) -> group, for the groups this process's parser made."""
