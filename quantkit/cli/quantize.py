@@ -101,10 +101,12 @@ def quantize(
     ] = None,
     num_samples: Annotated[
         int | None,
-        typer.Option(help="Use a stratified subsample of this many samples (keeps the set's proportions)."),
+        typer.Option(
+            min=1, help="Use a stratified subsample of this many samples (keeps the set's proportions)."
+        ),
     ] = None,
     max_seq_len: Annotated[
-        int | None, typer.Option(help="Truncate text-only samples / drop longer media samples.")
+        int | None, typer.Option(min=1, help="Truncate text-only samples / drop longer media samples.")
     ] = None,
     kv_cache: Annotated[KvCache | None, typer.Option(help="Also quantize the KV cache (fp8).")] = None,
     avg_bits: Annotated[
@@ -124,6 +126,7 @@ def quantize(
     group_size: Annotated[
         int | None,
         typer.Option(
+            min=1,
             help="W4A16 recipes: weights per scale (default: the recipe's, else the largest of 128, 64, "
             "32 dividing every layer; layers it does not divide stay at 8 bits)."
         ),

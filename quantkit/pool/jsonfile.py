@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from quantkit.pool.record import RecordError, not_unicode
+from quantkit.pool.record import RecordError, not_unicode, not_utf8
 
 _decoder = json.JSONDecoder()
 _decode_json = _decoder.decode  # json.loads(str) with default settings
@@ -83,8 +83,14 @@ def read_jsonl(
                     continue
                 else:
                     row = loads(raw)
-            except (decode_error, UnicodeDecodeError) as err:
+            except decode_error as err:
                 on_error(number, RecordError(f"malformed JSON: {err}"))
+                continue
+            except UnicodeDecodeError as err:
+                on_error(number, not_utf8(raw, err))
+                continue
+            except RecursionError:
+                on_error(number, too_deep())
                 continue
             try:
                 parse(row, number, line_start)
@@ -92,9 +98,19 @@ def read_jsonl(
                 on_error(number, err)
             except UnicodeEncodeError as err:
                 on_error(number, not_unicode(err))
+            except RecursionError:
+                on_error(number, too_deep())
     if on_bytes is not None and offset > reported:
         on_bytes(offset - reported)
     return number - first_line + 1
+
+
+def too_deep() -> RecordError:
+    """A record nested deeper than Python's JSON parser goes (its recursion limit)."""
+    return RecordError(
+        f"the record is nested more than {sys.getrecursionlimit()} levels deep, deeper than the "
+        "JSON parser goes; flatten it"
+    )
 
 
 def jsonl_at(path: Path, places: list[tuple[int, int]], parse: Parse) -> None:
@@ -117,10 +133,16 @@ def read_json_array(
 ) -> None:
     """Every element of a JSON array, each validated with the line it starts on. A malformed
     array stops at the first error (its position in the message): nothing after it can be read."""
+    raw = path.read_bytes()
     try:
-        text = path.read_bytes().decode("utf-8-sig")
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
-        raise_malformed(on_error, 1, f"not UTF-8 text: {err}")
+        line_start = raw.rfind(b"\n", 0, err.start) + 1
+        line_end = raw.find(b"\n", err.start)
+        line = raw[line_start : None if line_end < 0 else line_end]
+        on_error(1 + raw.count(b"\n", 0, err.start), not_utf8(line, UnicodeDecodeError(
+            err.encoding, line, err.start - line_start, err.end - line_start, err.reason
+        )))
         return
     if on_bytes is not None:
         on_bytes(len(text))
@@ -149,12 +171,17 @@ def read_json_array(
         except StopIteration:
             raise_malformed(on_error, line, "malformed JSON: expected a value")
             return
+        except RecursionError:
+            on_error(line, too_deep())
+            return  # where the record ends is unknown: nothing after it can be read
         try:
             parse(row, line, index)
         except RecordError as err:
             on_error(line, err)
         except UnicodeEncodeError as err:
             on_error(line, not_unicode(err))
+        except RecursionError:
+            on_error(line, too_deep())
         index = skip(end)
         if index < n and text[index] == ",":
             index = skip(index + 1)
