@@ -128,10 +128,45 @@ def _existing_ancestor(path: Path) -> Path:
     return Path("/")
 
 
-def check_writable(output: Path, *, option: str = "--output") -> Path:
-    """Fail (InputError) unless files can be created where ``output`` goes: create and remove a
-    probe in the nearest existing folder above it. Returns that folder."""
+# Bytes a hidden staging name adds to an output's name (".NAME.partial-PID"; ".NAME.old-PID").
+STAGING_NAME_EXTRA = len(".") + len(".partial-") + 10
+
+
+def _check_name_lengths(output: Path, option: str) -> None:
+    """Refuse an output whose name (or a folder to create above it) is longer than the file
+    system allows: bad input, said before any work, not a failed write at the end."""
+    base = _existing_ancestor(output)
+    try:
+        limit = os.pathconf(base, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    created = Path(os.path.abspath(output)).relative_to(base).parts
+    for position, part in enumerate(created):
+        extra = STAGING_NAME_EXTRA if position == len(created) - 1 else 0
+        size = len(os.fsencode(part))
+        if size + extra > limit:
+            raise InputError(
+                f"{option}: the name {shorten(part, 60)!r} is {size} bytes; this file system allows "
+                f"{limit}" + (f", less {extra} for the staging copy written beside it" if extra else ""),
+                path=base,
+                hint=f"choose a shorter name for {option}",
+            )
+
+
+def check_writable(output: Path, *, option: str = "--output", kind: str | None = None) -> Path:
+    """Fail (InputError) unless files can be created where ``output`` goes: its name fits the
+    file system, and a probe can be created and removed in the nearest existing folder above it.
+    ``kind`` ("file" or "folder"): what ``output`` must be if it exists. Returns that folder."""
     output = Path(output)
+    _check_name_lengths(output, option)  # first: stat on too long a name is an OSError
+    if kind == "folder" and output.exists() and not output.is_dir():
+        raise InputError(
+            f"{option} is a file, not a folder", path=output, hint=f"give {option} a folder (new or existing)"
+        )
+    if kind == "file" and output.is_dir():
+        raise InputError(
+            f"{option} is a folder; it takes a file path", path=output, hint=f"give {option} a file name"
+        )
     base = _existing_ancestor(output)
     if not base.is_dir():
         raise InputError(
@@ -150,6 +185,19 @@ def check_writable(output: Path, *, option: str = "--output") -> Path:
             hint=f"choose another {option} on a writable disk, or make {base} writable",
         ) from None
     return base
+
+
+def check_cache_writable(cache_dir: Path) -> None:
+    """Fail (InputError) before any work when the processed-feature cache cannot be written,
+    naming the cache and the option that moves it."""
+    try:
+        check_writable(cache_dir, option="--cache-dir")
+    except InputError as err:
+        raise InputError(
+            f"the processed-feature cache cannot be written: {err.message}",
+            path=cache_dir,
+            hint="pass --cache-dir DIR on a writable disk (or set QUANTKIT_CACHE)",
+        ) from None
 
 
 def check_free_space(output: Path, need_bytes: int, *, what: str = "the output") -> None:
@@ -212,6 +260,7 @@ def check_output_free(output: Path, force: bool, *, need_bytes: int | None = Non
     nothing can be written there, or (with ``need_bytes``) its disk is too full. Removes the
     staging folders killed runs left beside it."""
     output = Path(output)
+    _check_name_lengths(output, "--output")
     if output.exists() and not force:
         raise InputError("output already exists", path=output, hint="choose another path or pass --force")
     if output.exists() and not output.is_dir():
@@ -312,8 +361,10 @@ def atomic_output_dir(output: Path, *, force: bool = False) -> Iterator[Path]:
 
 
 def write_file_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a hidden partial file and one rename."""
+    """Write ``text`` to ``path`` through a hidden partial file and one rename (the partial file
+    removed whatever fails)."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
     try:
         partial.write_text(text, encoding="utf-8")

@@ -94,14 +94,15 @@ def sensitivity(
         quantkit sensitivity models/qwen3 --calib calib --num-samples 8 -o sens.json
     """
     from quantkit.cli.quantize import default_cache_dir
-    from quantkit.fsutil import check_model_folder, check_writable, refuse_overlap
+    from quantkit.fsutil import check_cache_writable, check_model_folder, check_writable, refuse_overlap
 
     check_model_folder(model)  # before torch is imported, and hours of measuring
     cache = cache_dir or default_cache_dir()
     refuse_overlap(cache, {"model folder": model, "calibration set": calib}, option="--cache-dir")
+    check_cache_writable(cache)
     if output is not None:
         refuse_overlap(output, {"model folder": model, "calibration set": calib, "feature cache": cache})
-        check_writable(output)
+        check_writable(output, kind="file")
 
     from quantkit.models.adapters import adapter_for
     from quantkit.models.inputs import processor_capabilities
