@@ -128,7 +128,7 @@ def quantize(
         typer.Option(
             min=1,
             help="W4A16 recipes: weights per scale (default: the recipe's, else the largest of 128, 64, "
-            "32 dividing every layer; layers it does not divide stay at 8 bits)."
+            "32 dividing every layer; layers it does not divide stay at 8 bits).",
         ),
     ] = None,
     adapter: AdapterFile = None,

@@ -46,7 +46,7 @@ def sensitivity(
         int | None,
         typer.Option(
             min=1,
-            help="Group size (4-bit schemes; default: the largest of 128, 64, 32 dividing every layer)."
+            help="Group size (4-bit schemes; default: the largest of 128, 64, 32 dividing every layer).",
         ),
     ] = None,
     num_samples: Annotated[

@@ -140,9 +140,15 @@ def read_json_array(
         line_start = raw.rfind(b"\n", 0, err.start) + 1
         line_end = raw.find(b"\n", err.start)
         line = raw[line_start : None if line_end < 0 else line_end]
-        on_error(1 + raw.count(b"\n", 0, err.start), not_utf8(line, UnicodeDecodeError(
-            err.encoding, line, err.start - line_start, err.end - line_start, err.reason
-        )))
+        on_error(
+            1 + raw.count(b"\n", 0, err.start),
+            not_utf8(
+                line,
+                UnicodeDecodeError(
+                    err.encoding, line, err.start - line_start, err.end - line_start, err.reason
+                ),
+            ),
+        )
         return
     if on_bytes is not None:
         on_bytes(len(text))

@@ -80,7 +80,9 @@ def load_table(path: Path) -> SensitivityTable:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as err:
-        raise InputError(f"cannot read the sensitivity table: {type(err).__name__}: {err}", path=path) from None
+        raise InputError(
+            f"cannot read the sensitivity table: {type(err).__name__}: {err}", path=path
+        ) from None
     if not isinstance(data, dict) or data.get("version") != TABLE_VERSION or "rows" not in data:
         raise InputError("not a quantkit sensitivity table (version 1)", path=path)
     from pydantic import TypeAdapter, ValidationError
