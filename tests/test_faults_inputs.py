@@ -253,6 +253,20 @@ def test_pool_in_another_encoding_says_which_and_how_to_convert(pool, tmp_path, 
     assert not (tmp_path / "set").exists()
 
 
+def test_latin1_line_read_by_a_second_process_is_not_skipped(pool, tmp_path):
+    """The parts of a pool read in other processes (--workers) bring back the error's kind too."""
+    path, taxonomy = pool
+    ascii_lines = [line for line in path.read_text().splitlines() if line.isascii()]
+    converted = tmp_path / "late-latin1.jsonl"
+    last = json.dumps({"task": "casual", "messages": [{"role": "user", "content": "Grüße"}]}, ensure_ascii=False)
+    converted.write_bytes(("\n".join(ascii_lines) + "\n" + last + "\n").encode("latin-1"))
+    line = len(ascii_lines) + 1
+    refused(
+        *calibrate(converted, taxonomy, tmp_path, "--workers", 2, "--skip-invalid", "--dry-run"),
+        says=(f"{converted}:{line}", "looks like Latin-1"),
+    )
+
+
 def test_pool_file_name_that_is_not_utf8(pool, tmp_path):
     path, taxonomy = pool
     folder = Path(os.fsdecode(bytes(tmp_path) + b"/p\xe4ol"))
