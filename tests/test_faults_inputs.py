@@ -31,8 +31,9 @@ def refused(*args, says: tuple[str, ...] = ()) -> str:
     assert "Traceback" not in output, output
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert result.exit_code == 2, output
+    said = " ".join(output.replace("│", " ").split())  # rich's boxes and wrapping undone
     for text in says:
-        assert text in output, f"{text!r} not in:\n{output}"
+        assert text in said, f"{text!r} not in:\n{output}"
     return output
 
 
@@ -132,6 +133,14 @@ def test_malformed_model_files_are_named(model, tmp_path, file, content, says):
     (copy / file).write_bytes(content)
     output = refused(*dry_run(copy, tmp_path), says=(says,))
     assert "download or copy the model again" in output
+
+
+def test_verify_names_a_config_that_is_not_an_object(model, tmp_path):
+    copy = damaged_copy(model, tmp_path)
+    (copy / "config.json").write_text('"a string"')
+    refused(
+        "verify", copy, "--report", tmp_path / "v.json", says=(str(copy / "config.json"), "not an object")
+    )
 
 
 @pytest.mark.parametrize(
@@ -258,7 +267,9 @@ def test_latin1_line_read_by_a_second_process_is_not_skipped(pool, tmp_path):
     path, taxonomy = pool
     ascii_lines = [line for line in path.read_text().splitlines() if line.isascii()]
     converted = tmp_path / "late-latin1.jsonl"
-    last = json.dumps({"task": "casual", "messages": [{"role": "user", "content": "Grüße"}]}, ensure_ascii=False)
+    last = json.dumps(
+        {"task": "casual", "messages": [{"role": "user", "content": "Grüße"}]}, ensure_ascii=False
+    )
     converted.write_bytes(("\n".join(ascii_lines) + "\n" + last + "\n").encode("latin-1"))
     line = len(ascii_lines) + 1
     refused(
