@@ -262,6 +262,18 @@ def test_pool_in_another_encoding_says_which_and_how_to_convert(pool, tmp_path, 
     assert not (tmp_path / "set").exists()
 
 
+def test_latin1_json_array_names_the_line(pool, tmp_path):
+    path, taxonomy = pool
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    array = tmp_path / "pool.json"
+    array.write_bytes(json.dumps(records, ensure_ascii=False, indent=1).encode("latin-1"))
+    first = next(n for n, line in enumerate(array.read_bytes().split(b"\n"), 1) if not line.isascii())
+    refused(
+        *calibrate(array, taxonomy, tmp_path, "--skip-invalid"),
+        says=(f"{array}:{first}", "looks like Latin-1"),
+    )
+
+
 def test_latin1_line_read_by_a_second_process_is_not_skipped(pool, tmp_path):
     """The parts of a pool read in other processes (--workers) bring back the error's kind too."""
     path, taxonomy = pool

@@ -87,7 +87,7 @@ def read_jsonl(
                 on_error(number, RecordError(f"malformed JSON: {err}"))
                 continue
             except UnicodeDecodeError as err:
-                on_error(number, not_utf8(raw, err))
+                on_error(number, not_utf8(raw, err.start))
                 continue
             except RecursionError:
                 on_error(number, too_deep())
@@ -137,18 +137,10 @@ def read_json_array(
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
-        line_start = raw.rfind(b"\n", 0, err.start) + 1
-        line_end = raw.find(b"\n", err.start)
-        line = raw[line_start : None if line_end < 0 else line_end]
-        on_error(
-            1 + raw.count(b"\n", 0, err.start),
-            not_utf8(
-                line,
-                UnicodeDecodeError(
-                    err.encoding, line, err.start - line_start, err.end - line_start, err.reason
-                ),
-            ),
-        )
+        bad = err.start + (3 if raw.startswith(b"\xef\xbb\xbf") else 0)  # (after a byte-order mark)
+        line_start, line_end = raw.rfind(b"\n", 0, bad) + 1, raw.find(b"\n", bad)
+        line = raw[line_start : line_end if line_end >= 0 else len(raw)]
+        on_error(1 + raw.count(b"\n", 0, bad), not_utf8(line, bad - line_start))
         return
     if on_bytes is not None:
         on_bytes(len(text))

@@ -39,14 +39,14 @@ class FileEncodingError(RecordError):
         )
 
 
-def not_utf8(raw: bytes, err: UnicodeDecodeError) -> FileEncodingError:
-    """A line (``raw``) holding bytes that are not UTF-8, with the encoding it most likely is in
-    (Windows-1252 when it uses bytes 0x80-0x9F, which Latin-1 leaves to control characters)."""
-    byte = raw[err.start : err.start + 1].hex()
-    cp1252 = any(0x80 <= b <= 0x9F for b in raw)
+def not_utf8(line: bytes, column: int) -> FileEncodingError:
+    """A ``line`` holding a byte that is not UTF-8 at (0-based) ``column``, with the encoding the
+    file most likely is in (Windows-1252 when it uses bytes 0x80-0x9F, which Latin-1 leaves to
+    control characters)."""
+    cp1252 = any(0x80 <= b <= 0x9F for b in line)
     guess = "Windows-1252" if cp1252 else "Latin-1 (ISO-8859-1)"
     return FileEncodingError(
-        f"not UTF-8 text: byte 0x{byte} at column {err.start + 1}; the file looks like {guess}",
+        f"not UTF-8 text: byte 0x{line[column : column + 1].hex()} at column {column + 1}; the file looks like {guess}",
         "CP1252" if cp1252 else "LATIN1",
     )
 
@@ -85,8 +85,7 @@ def not_unicode(err: UnicodeEncodeError) -> RecordError:
     character, so the record could be neither hashed nor written)."""
     bad = err.object[err.start : err.end]
     return RecordError(
-        f"text holds {bad!r}, half of a UTF-16 surrogate pair: not valid Unicode; "
-        "fix or drop that \\u escape"
+        f"text holds {bad!r}, half of a UTF-16 surrogate pair: not valid Unicode; fix or drop that \\u escape"
     )
 
 
