@@ -475,3 +475,23 @@ def test_unreadable_build_file_is_kept_aside_with_a_note(tmp_path, caplog, conte
         f"{BUILD_FILE}.unreadable-2" in r.getMessage() and str(tmp_path) in r.getMessage()
         for r in caplog.records
     )
+
+
+def test_as_a_separate_process_stderr_has_the_message_and_no_traceback(pool, tmp_path):
+    """The same refusals from `python -m quantkit` itself: exit 2, the message on stderr, nothing else."""
+    import subprocess
+    import sys
+
+    path, taxonomy = pool
+    utf16 = tmp_path / "utf16.jsonl"
+    utf16.write_bytes(path.read_text(encoding="utf-8").encode("utf-16"))
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"task": "casual", "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    for pool_file, says in ((utf16, "iconv -f UTF-16 -t UTF-8"), (deep, f"{deep}:1")):
+        command = [sys.executable, "-m", "quantkit", "calibrate", str(pool_file), "--taxonomy", str(taxonomy)]
+        done = subprocess.run(
+            [*command, "-o", str(tmp_path / "set")], capture_output=True, text=True, env=env
+        )
+        assert done.returncode == 2 and says in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and not (tmp_path / "set").exists()
