@@ -11,6 +11,18 @@ EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
 
+# The most characters of one part of a message (its location, text or hint) shown: user data (a
+# task name, a path, a record) can be megabytes long, and the message is read in a terminal.
+SHOWN_CHARS = 600
+
+
+def shorten(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text`` whole when short, else its start and end with the number of characters left out."""
+    if len(text) <= limit:
+        return text
+    head, tail = limit * 3 // 4, limit // 4
+    return f"{text[:head]}... ({len(text) - head - tail} characters left out) ...{text[-tail:]}"
+
 
 class QuantkitError(Exception):
     """Base of every error quantkit reports to the user."""

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from quantkit.errors import CheckFailed, InputError
+from quantkit.errors import CheckFailed, InputError, shorten
 
 log = logging.getLogger("quantkit")
 
@@ -128,10 +128,45 @@ def _existing_ancestor(path: Path) -> Path:
     return Path("/")
 
 
-def check_writable(output: Path, *, option: str = "--output") -> Path:
-    """Fail (InputError) unless files can be created where ``output`` goes: create and remove a
-    probe in the nearest existing folder above it. Returns that folder."""
+# Bytes a hidden staging name adds to an output's name (".NAME.partial-PID"; ".NAME.old-PID").
+STAGING_NAME_EXTRA = len(".") + len(".partial-") + 10
+
+
+def _check_name_lengths(output: Path, option: str) -> None:
+    """Refuse an output whose name (or a folder to create above it) is longer than the file
+    system allows: bad input, said before any work, not a failed write at the end."""
+    base = _existing_ancestor(output)
+    try:
+        limit = os.pathconf(base, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    created = Path(os.path.abspath(output)).relative_to(base).parts
+    for position, part in enumerate(created):
+        extra = STAGING_NAME_EXTRA if position == len(created) - 1 else 0
+        size = len(os.fsencode(part))
+        if size + extra > limit:
+            raise InputError(
+                f"{option}: the name {shorten(part, 60)!r} is {size} bytes; this file system allows "
+                f"{limit}" + (f", less {extra} for the staging copy written beside it" if extra else ""),
+                path=base,
+                hint=f"choose a shorter name for {option}",
+            )
+
+
+def check_writable(output: Path, *, option: str = "--output", kind: str | None = None) -> Path:
+    """Fail (InputError) unless files can be created where ``output`` goes: its name fits the
+    file system, and a probe can be created and removed in the nearest existing folder above it.
+    ``kind`` ("file" or "folder"): what ``output`` must be if it exists. Returns that folder."""
     output = Path(output)
+    _check_name_lengths(output, option)  # first: stat on too long a name is an OSError
+    if kind == "folder" and output.exists() and not output.is_dir():
+        raise InputError(
+            f"{option} is a file, not a folder", path=output, hint=f"give {option} a folder (new or existing)"
+        )
+    if kind == "file" and output.is_dir():
+        raise InputError(
+            f"{option} is a folder; it takes a file path", path=output, hint=f"give {option} a file name"
+        )
     base = _existing_ancestor(output)
     if not base.is_dir():
         raise InputError(
@@ -150,6 +185,19 @@ def check_writable(output: Path, *, option: str = "--output") -> Path:
             hint=f"choose another {option} on a writable disk, or make {base} writable",
         ) from None
     return base
+
+
+def check_cache_writable(cache_dir: Path) -> None:
+    """Fail (InputError) before any work when the processed-feature cache cannot be written,
+    naming the cache and the option that moves it."""
+    try:
+        check_writable(cache_dir, option="--cache-dir")
+    except InputError as err:
+        raise InputError(
+            f"the processed-feature cache cannot be written: {err.message}",
+            path=cache_dir,
+            hint="pass --cache-dir DIR on a writable disk (or set QUANTKIT_CACHE)",
+        ) from None
 
 
 def check_free_space(output: Path, need_bytes: int, *, what: str = "the output") -> None:
@@ -212,6 +260,7 @@ def check_output_free(output: Path, force: bool, *, need_bytes: int | None = Non
     nothing can be written there, or (with ``need_bytes``) its disk is too full. Removes the
     staging folders killed runs left beside it."""
     output = Path(output)
+    _check_name_lengths(output, "--output")
     if output.exists() and not force:
         raise InputError("output already exists", path=output, hint="choose another path or pass --force")
     if output.exists() and not output.is_dir():
@@ -312,8 +361,10 @@ def atomic_output_dir(output: Path, *, force: bool = False) -> Iterator[Path]:
 
 
 def write_file_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a hidden partial file and one rename."""
+    """Write ``text`` to ``path`` through a hidden partial file and one rename (the partial file
+    removed whatever fails)."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
     try:
         partial.write_text(text, encoding="utf-8")
@@ -328,8 +379,9 @@ def write_file_atomic(path: Path, text: str) -> None:
 
 def safetensors_problems(folder: Path) -> list[str]:
     """What is wrong with the ``*.safetensors`` files of ``folder``, from their headers and sizes
-    alone (no weight is read): a header that does not parse, tensors that end past the end of
-    the file (a truncated download or copy), shards the index names that are missing."""
+    alone (no weight is read): a header that does not parse or is not a JSON object, tensors that
+    end past the end of the file (a truncated download or copy), an index that is not a JSON
+    object mapping tensor names to shard file names, shards the index names that are missing."""
     folder = Path(folder)
     problems = []
     for file in sorted(folder.glob("*.safetensors")):
@@ -343,22 +395,26 @@ def safetensors_problems(folder: Path) -> list[str]:
                 if 8 + length > size:
                     raise ValueError(f"the header says {8 + length} bytes of header, the file has {size}")
                 header = json.loads(handle.read(length))
+            if not isinstance(header, dict):
+                raise ValueError(f"its header is a JSON {_json_kind(header)}, not an object")
             ends = [
                 info["data_offsets"][1]
                 for key, info in header.items()
                 if key != "__metadata__" and isinstance(info, dict)
             ]
-        except (ValueError, KeyError, TypeError, IndexError) as err:
+            if not all(isinstance(end, int) for end in ends):
+                raise ValueError("a tensor's data_offsets are not whole numbers")
+        except (ValueError, KeyError, TypeError, IndexError, RecursionError) as err:
             problems.append(f"{file.name}: not a readable safetensors file ({err})")
             continue
         expected = 8 + length + max(ends, default=0)
         if size < expected:
             problems.append(f"{file.name}: truncated: its header needs {expected} bytes, the file has {size}")
-    index = folder / "model.safetensors.index.json"
+    index = folder / INDEX_FILE
     if index.is_file():
         try:
-            shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
-        except (ValueError, KeyError, AttributeError) as err:
+            shards = _index_shards(index)
+        except ValueError as err:
             problems.append(f"{index.name}: not a readable index ({err})")
         else:
             problems += [
@@ -369,8 +425,64 @@ def safetensors_problems(folder: Path) -> list[str]:
     return problems
 
 
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def _json_kind(value: object) -> str:
+    return {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}.get(
+        type(value), "null" if value is None else type(value).__name__
+    )
+
+
+def _index_shards(index: Path) -> set[str]:
+    """The shard file names a safetensors index maps tensors to; ValueError for any other shape."""
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ValueError("nested too deep") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"a JSON {_json_kind(data)}, not an object")
+    weight_map = data.get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise ValueError(f"'weight_map' is a JSON {_json_kind(weight_map)}, not an object of tensor -> file")
+    for tensor, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard or "/" in shard or shard in (".", ".."):
+            raise ValueError(f"the shard of {tensor!r} is {shard!r}, not a file name in the folder")
+    return set(weight_map.values())
+
+
+def read_model_config(folder: Path) -> dict:
+    """A model folder's config.json, checked to be a JSON object whose ``architectures`` (when
+    given) is a list of names; InputError naming the file, the line and the field otherwise."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise InputError("not a model folder: config.json is missing", path=folder)
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise InputError(f"config.json is not valid JSON: {err.msg}", path=path, line=err.lineno) from None
+    except (UnicodeDecodeError, RecursionError) as err:
+        raise InputError(f"config.json is not readable JSON ({type(err).__name__})", path=path) from None
+    if not isinstance(config, dict):
+        raise InputError(
+            f"config.json holds a JSON {_json_kind(config)}, not an object", path=path, line=1,
+            hint="a model's config.json is an object of settings; download or copy the model again",
+        )  # fmt: skip
+    architectures = config.get("architectures")
+    if architectures is not None and not (
+        isinstance(architectures, list) and all(isinstance(a, str) and a for a in architectures)
+    ):
+        raise InputError(
+            f"config.json field 'architectures' is {shorten(repr(architectures), 80)}, not a list of class names",
+            path=path,
+            hint='write it as a list, e.g. "architectures": ["Qwen3ForCausalLM"]',
+        )
+    return config
+
+
 def check_model_folder(folder: Path, *, what: str = "model folder") -> Path:
-    """Fail (InputError) unless ``folder`` is an existing folder whose safetensors files are complete."""
+    """Fail (InputError) unless ``folder`` is an existing folder whose config.json is an object and
+    whose safetensors files are complete."""
     folder = Path(folder)
     if not folder.exists():
         raise InputError(f"the {what} does not exist", path=folder, hint="check the path")
@@ -383,6 +495,7 @@ def check_model_folder(folder: Path, *, what: str = "model folder") -> Path:
             path=folder,
             hint="download or copy the model again (the file sizes must match their headers)",
         )
+    read_model_config(folder)
     return folder
 
 

@@ -6,7 +6,9 @@ decoders sample only the frames the processor will use.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
@@ -357,6 +359,37 @@ def decode_data_uri(text: str) -> tuple[bytes, str | None]:
     return data, mime
 
 
+# What stat says is at a path where a regular file belongs, in words for a message.
+NOT_A_FILE = {
+    stat.S_IFDIR: "a folder",
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def file_kind(path: Path) -> str:
+    """'file' (a regular file, symlinks followed), 'missing', 'too-long' (a name longer than the
+    file system allows), or NOT_A_FILE's word for what is there instead."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as err:
+        return "too-long" if err.errno == errno.ENAMETOOLONG else "missing"
+    if stat.S_ISREG(mode):
+        return "file"
+    return NOT_A_FILE.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def is_utf8_name(text: str) -> bool:
+    """``text`` (a path as Python holds it) is valid UTF-8: bytes that are not come as lone surrogates."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class MediaRoots:
     """The places media may come from: the pool's own folder and every ``--media-root``.
 
@@ -376,7 +409,8 @@ class MediaRoots:
 
     def resolve(self, text: str) -> Path | str:
         """The absolute (lexically normalised) path of ``text``, or an error word: 'escapes',
-        'missing', 'link-escapes', 'remote'."""
+        'missing', 'link-escapes', 'remote', 'not-utf8', 'too-long', or what is there instead of a
+        file (NOT_A_FILE's values: 'a folder', 'a FIFO', ...)."""
         if text.startswith(("http://", "https://", "ftp://", "s3://", "gs://", "oss://")):
             return "remote"
         if text.startswith("file://"):
@@ -391,9 +425,12 @@ class MediaRoots:
         inside = [c for c in candidates if self._inside(c, self.roots)]
         if not inside:
             return "escapes"
-        full = next((c for c in inside if c.is_file()), None)
+        if not is_utf8_name(text):
+            return "not-utf8"
+        kinds = [file_kind(c) for c in inside]
+        full = next((c for c, kind in zip(inside, kinds, strict=True) if kind == "file"), None)
         if full is None:
-            return "missing"
+            return next((kind for kind in kinds if kind != "missing"), "missing")
         if not self._inside(Path(os.path.realpath(full)), self.real_roots):
             return "link-escapes"
         return full

@@ -51,6 +51,45 @@ def load_calibration_report(path: Path) -> dict:
     return report
 
 
+# A samples.jsonl row's fields and the JSON types each holds (build._row writes them; load_calibration_set's
+# datasets.Features are the same columns): a row that differs fails with its line, not in pyarrow.
+_ROW_TYPES: dict[str, tuple[type, ...]] = {
+    "id": (str,),
+    "task": (str,),
+    "tier": (str,),
+    "weight": (int, float),
+    "family": (str,),
+    "modality": (str,),
+    "bucket": (str,),
+    "stratum": (str,),
+    "messages": (list,),
+    "images": (list,),
+    "videos": (list,),
+    "audios": (list,),
+    "tokens": (int, type(None)),
+    "source": (str,),
+}
+
+
+def _row_problem(row: dict) -> str | None:
+    """What is wrong with the types of a samples.jsonl row, or None."""
+    for name, types in _ROW_TYPES.items():
+        value = row.get(name)
+        if not isinstance(value, types) or isinstance(value, bool):
+            return f"field {name!r} is {type(value).__name__ if name in row else 'missing'}, not {'/'.join(t.__name__ for t in types)}"
+    for name in ("images", "videos", "audios"):
+        if not all(isinstance(item, str) for item in row[name]):
+            return f"field {name!r} holds something other than file paths"
+    for message in row["messages"]:
+        if not (
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+        ):
+            return "field 'messages' holds something other than {role, content} texts"
+    return None
+
+
 def _damaged(samples: Path, line: int, problem: str) -> InputError:
     return InputError(
         f"{problem}: the calibration set is damaged",
@@ -82,6 +121,9 @@ def load_calibration_set(path: Path):
                 raise _damaged(samples, number, f"not a JSON line ({err.msg}, column {err.colno})") from None
             if not isinstance(row, dict):
                 raise _damaged(samples, number, "a row is not a JSON object")
+            problem = _row_problem(row)
+            if problem:
+                raise _damaged(samples, number, problem)
             rows.append(row)
     features = datasets.Features(
         {

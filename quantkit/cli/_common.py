@@ -11,29 +11,30 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from quantkit.errors import CheckFailed, QuantkitError
+from quantkit.errors import CheckFailed, QuantkitError, shorten
 
 console = Console()
 err_console = Console(stderr=True)
 
 
 def report_error(error: QuantkitError) -> None:
-    """The one place that turns a QuantkitError into what the user reads."""
+    """The one place that turns a QuantkitError into what the user reads; each part shortened
+    (errors.shorten), however much user data it quotes."""
     where = error.location()
     prefix = "error" if error.exit_code == 2 else "check failed"
     head = f"[bold red]{prefix}:[/] "
     if where:
-        head += f"[bold]{escape(where)}[/]: "
-    err_console.print(head + escape(error.message), soft_wrap=True)
+        head += f"[bold]{escape(shorten(where))}[/]: "
+    err_console.print(head + escape(shorten(error.message)), soft_wrap=True)
     if error.hint:
-        err_console.print(f"  [yellow]hint:[/] {escape(error.hint)}", soft_wrap=True)
+        err_console.print(f"  [yellow]hint:[/] {escape(shorten(error.hint))}", soft_wrap=True)
 
 
 class NoteHandler(logging.Handler):
     """quantkit's own log warnings (a stale staging folder removed, ...) as notes on stderr."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        err_console.print(f"[yellow]note:[/] {escape(record.getMessage())}", soft_wrap=True)
+        err_console.print(f"[yellow]note:[/] {escape(shorten(record.getMessage()))}", soft_wrap=True)
 
 
 def _show_notes() -> None:

@@ -29,7 +29,7 @@ def calibrate(
         Path | None,
         typer.Option("--output", "-o", help="Folder to write (atomically); not needed with --dry-run."),
     ] = None,
-    size: Annotated[int, typer.Option(help="Samples in the set.")] = 5000,
+    size: Annotated[int, typer.Option(min=1, help="Samples in the set.")] = 5000,
     taxonomy: Annotated[
         Path | None, typer.Option(help="Task taxonomy YAML (default: calibration/taxonomy.yaml).")
     ] = None,
@@ -41,9 +41,12 @@ def calibrate(
         ),
     ] = None,
     max_seq_len: Annotated[
-        int | None, typer.Option(help="Leave out samples longer than this many tokens (needs --model).")
+        int | None,
+        typer.Option(min=1, help="Leave out samples longer than this many tokens (needs --model)."),
     ] = None,
-    min_per_stratum: Annotated[int, typer.Option(help="Floor of samples for every non-empty stratum.")] = 2,
+    min_per_stratum: Annotated[
+        int, typer.Option(min=0, help="Floor of samples for every non-empty stratum.")
+    ] = 2,
     task_field: Annotated[str, typer.Option(help="Record field holding the task name.")] = "task",
     skip_invalid: Annotated[
         bool,
@@ -103,6 +106,7 @@ def calibrate(
     workers: Annotated[
         int | None,
         typer.Option(
+            min=1,
             help="Processes a JSONL file or JSON array is read in, each taking a part of it; the set is the same for "
             "any number. Default: one per CPU core, for files of 16 MB and more.",
             show_default=False,

@@ -38,7 +38,7 @@ def eval_command(
         ),
     ],
     limit: Annotated[
-        int | None, typer.Option(help="At most this many documents per task (quick checks).")
+        int | None, typer.Option(min=1, help="At most this many documents per task (quick checks).")
     ] = None,
     backend: Annotated[
         Backend,
@@ -52,9 +52,9 @@ def eval_command(
         typer.Option("--include-path", help="Extra folder of harness task YAMLs (repeatable)."),
     ] = None,
     max_loss: Annotated[
-        float, typer.Option(help="Allowed loss per metric, in percent of the original's score.")
+        float, typer.Option(min=0.0, help="Allowed loss per metric, in percent of the original's score.")
     ] = 1.5,
-    batch_size: Annotated[int, typer.Option(help="Harness batch size.")] = 1,
+    batch_size: Annotated[int, typer.Option(min=1, help="Harness batch size.")] = 1,
     cache_dir: Annotated[
         Path | None,
         typer.Option(

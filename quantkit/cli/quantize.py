@@ -101,10 +101,12 @@ def quantize(
     ] = None,
     num_samples: Annotated[
         int | None,
-        typer.Option(help="Use a stratified subsample of this many samples (keeps the set's proportions)."),
+        typer.Option(
+            min=1, help="Use a stratified subsample of this many samples (keeps the set's proportions)."
+        ),
     ] = None,
     max_seq_len: Annotated[
-        int | None, typer.Option(help="Truncate text-only samples / drop longer media samples.")
+        int | None, typer.Option(min=1, help="Truncate text-only samples / drop longer media samples.")
     ] = None,
     kv_cache: Annotated[KvCache | None, typer.Option(help="Also quantize the KV cache (fp8).")] = None,
     avg_bits: Annotated[
@@ -124,8 +126,9 @@ def quantize(
     group_size: Annotated[
         int | None,
         typer.Option(
+            min=1,
             help="W4A16 recipes: weights per scale (default: the recipe's, else the largest of 128, 64, "
-            "32 dividing every layer; layers it does not divide stay at 8 bits)."
+            "32 dividing every layer; layers it does not divide stay at 8 bits).",
         ),
     ] = None,
     adapter: AdapterFile = None,
@@ -204,7 +207,13 @@ def quantize(
         quantkit quantize models/omni --recipe fp8-dynamic -o out/omni-fp8 --dry-run
     """
     from quantkit.errors import InputError
-    from quantkit.fsutil import check_model_folder, check_output_free, refuse_overlap
+    from quantkit.fsutil import (
+        check_cache_writable,
+        check_model_folder,
+        check_output_free,
+        check_writable,
+        refuse_overlap,
+    )
 
     # Before importing torch or reading anything heavy (processor, set, weights): the model
     # folder and its files, an output that would overwrite an input, one that cannot be written.
@@ -221,6 +230,11 @@ def quantize(
     )
     if not dry_run:
         check_output_free(output, force)
+        if calib is not None:  # (the cache holds calibration samples' processed inputs)
+            check_cache_writable(cache_dir or default_cache_dir())
+    plan_target = plan_json or output.with_name(output.name + ".plan.json")
+    if dry_run:
+        check_writable(plan_target, option="--plan-json" if plan_json else "--output", kind="file")
 
     from quantkit.models.adapters import adapter_for
     from quantkit.quantize import plan as make_plan
@@ -307,13 +321,11 @@ def quantize(
             calibration_dtype=_calibration_dtype(calibration_dtype),
             offload=offload.value if offload else None,
             max_cpu_memory=int(max_cpu_memory * 2**30) if max_cpu_memory is not None else None,
-            strict_group_size=group_size is not None,
             light_imports=True,
         ).to_dict()
         print_plan(planned, drawn)
-        target = plan_json or output.with_name(output.name + ".plan.json")
-        write_plan_json(target, planned)
-        console.print(f"wrote {target}")
+        write_plan_json(plan_target, planned)
+        console.print(f"wrote {plan_target}")
         return
     result = run_quantize(
         model,
@@ -333,7 +345,6 @@ def quantize(
         calibration_dtype=_calibration_dtype(calibration_dtype),
         max_cpu_memory=int(max_cpu_memory * 2**30) if max_cpu_memory is not None else None,
         progress=main_rank,
-        strict_group_size=group_size is not None,
     )
     if result.wrote:
         print_result(result)

@@ -45,15 +45,16 @@ def sensitivity(
     group_size: Annotated[
         int | None,
         typer.Option(
-            help="Group size (4-bit schemes; default: the largest of 128, 64, 32 dividing every layer)."
+            min=1,
+            help="Group size (4-bit schemes; default: the largest of 128, 64, 32 dividing every layer).",
         ),
     ] = None,
     num_samples: Annotated[
-        int, typer.Option(help="Stratified subsample of the calibration set to measure on.")
+        int, typer.Option(min=1, help="Stratified subsample of the calibration set to measure on.")
     ] = 8,
-    max_seq_len: Annotated[int, typer.Option(help="Cut text-only samples to this many tokens.")] = 256,
+    max_seq_len: Annotated[int, typer.Option(min=1, help="Cut text-only samples to this many tokens.")] = 256,
     positions: Annotated[
-        int, typer.Option(help="Scored next-token positions per sample (evenly spaced).")
+        int, typer.Option(min=1, help="Scored next-token positions per sample (evenly spaced).")
     ] = 128,
     granularity: Annotated[
         Granularity,
@@ -72,7 +73,7 @@ def sensitivity(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write the ranked table as JSON here.")
     ] = None,
-    top: Annotated[int, typer.Option(help="Rows to print.")] = 20,
+    top: Annotated[int, typer.Option(min=0, help="Rows to print.")] = 20,
     adapter: AdapterFile = None,
     cache_dir: FeatureCache = None,
     seed: SubsampleSeed = 0,
@@ -93,14 +94,15 @@ def sensitivity(
         quantkit sensitivity models/qwen3 --calib calib --num-samples 8 -o sens.json
     """
     from quantkit.cli.quantize import default_cache_dir
-    from quantkit.fsutil import check_model_folder, check_writable, refuse_overlap
+    from quantkit.fsutil import check_cache_writable, check_model_folder, check_writable, refuse_overlap
 
     check_model_folder(model)  # before torch is imported, and hours of measuring
     cache = cache_dir or default_cache_dir()
     refuse_overlap(cache, {"model folder": model, "calibration set": calib}, option="--cache-dir")
+    check_cache_writable(cache)
     if output is not None:
         refuse_overlap(output, {"model folder": model, "calibration set": calib, "feature cache": cache})
-        check_writable(output)
+        check_writable(output, kind="file")
 
     from quantkit.models.adapters import adapter_for
     from quantkit.models.inputs import processor_capabilities

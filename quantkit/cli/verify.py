@@ -33,15 +33,16 @@ def verify(
         ),
     ] = False,
     port: Annotated[
-        int | None, typer.Option(help="The --serve server's port on 127.0.0.1 (default: a free one).")
+        int | None,
+        typer.Option(min=1, max=65535, help="The --serve server's port on 127.0.0.1 (default: a free one)."),
     ] = None,
-    num_samples: Annotated[int, typer.Option(help="Held-out samples for drift.")] = 16,
-    max_kl: Annotated[float | None, typer.Option(help="Override the recipe's KL threshold.")] = None,
+    num_samples: Annotated[int, typer.Option(min=1, help="Held-out samples for drift.")] = 16,
+    max_kl: Annotated[float | None, typer.Option(min=0.0, help="Override the recipe's KL threshold.")] = None,
     min_top1: Annotated[
-        float | None, typer.Option(help="Override the recipe's top-1 agreement threshold.")
+        float | None, typer.Option(min=0.0, max=1.0, help="Override the recipe's top-1 agreement threshold.")
     ] = None,
     min_cosine: Annotated[
-        float | None, typer.Option(help="Override the recipe's logit-cosine threshold.")
+        float | None, typer.Option(min=-1.0, max=1.0, help="Override the recipe's logit-cosine threshold.")
     ] = None,
     report_path: Annotated[
         Path | None,

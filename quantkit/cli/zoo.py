@@ -39,7 +39,9 @@ def build(
     force: Force = False,
     steps: Annotated[
         int | None,
-        typer.Option(help="tiny-omni-skills only: training steps (default: those of the committed weights)."),
+        typer.Option(
+            min=1, help="tiny-omni-skills only: training steps (default: those of the committed weights)."
+        ),
     ] = None,
 ) -> None:
     """Write a tiny model folder (config, bf16 safetensors, tokenizer, processor) that
@@ -57,7 +59,7 @@ def build(
 
 def demo_pool(
     output: OutputDir,
-    per_task: Annotated[int, typer.Option(help="Samples per task and modality combination.")] = 12,
+    per_task: Annotated[int, typer.Option(min=1, help="Samples per task and modality combination.")] = 12,
     seed: Seed = 0,
     force: Force = False,
     skills: Annotated[

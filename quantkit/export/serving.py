@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from quantkit.fsutil import INDEX_FILE
 from quantkit.models.adapters import ServingLayout, prefix_pattern
-
-INDEX_FILE = "model.safetensors.index.json"
 
 
 def _rename_tensors(directory: Path, prefix: str) -> None:

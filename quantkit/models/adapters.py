@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from quantkit.datafile import load_yaml_model
 from quantkit.errors import InputError
+from quantkit.fsutil import read_model_config
 
 ADAPTERS_DIR = Path(__file__).resolve().parents[2] / "recipes" / "adapters"
 AUTO_CLASSES = ("AutoModelForCausalLM", "AutoModelForImageTextToText")
@@ -265,8 +266,15 @@ class Adapter(BaseModel):
         """The wrapped module's config, with the whole model's quantization_config in its own names."""
         from transformers import AutoConfig
 
-        whole = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-        inner = dict(whole[f"{self.serving.attribute}_config"])
+        whole = read_model_config(model_dir)
+        inner = whole.get(f"{self.serving.attribute}_config")
+        if not isinstance(inner, dict):
+            raise InputError(
+                f"config.json field '{self.serving.attribute}_config' is not an object of settings",
+                path=Path(model_dir) / "config.json",
+                hint="download or copy the model again",
+            )
+        inner = dict(inner)
         quantization = whole.get("quantization_config")
         if quantization is not None:
             quantization = json.loads(json.dumps(quantization))
@@ -275,7 +283,8 @@ class Adapter(BaseModel):
             for group in (quantization.get("config_groups") or {}).values():
                 group["targets"] = [unprefix_pattern(t, prefix) for t in group.get("targets") or []]
             inner["quantization_config"] = quantization
-        return AutoConfig.for_model(**inner)
+        with config_errors(model_dir):
+            return AutoConfig.for_model(**inner)
 
     def load_model(
         self,
@@ -314,7 +323,7 @@ class Adapter(BaseModel):
                 kwargs["offload_folder"] = str(offload_folder)
                 if max_cpu_memory is not None:
                     kwargs["max_memory"] = {"cpu": int(max_cpu_memory)}
-        with loading:
+        with loading, config_errors(model_dir):
             model = self._auto().from_pretrained(model_dir, **kwargs)
         return model.eval()
 
@@ -332,7 +341,8 @@ class Adapter(BaseModel):
             if self.is_wrapped(model_dir):
                 with torch.device("meta"), no_init_weights():
                     return self._auto().from_config(self._inner_config(model_dir))
-            config = AutoConfig.from_pretrained(model_dir, trust_remote_code=self.trust_remote_code)
+            with config_errors(model_dir):
+                config = AutoConfig.from_pretrained(model_dir, trust_remote_code=self.trust_remote_code)
             with torch.device("meta"), no_init_weights():
                 return self._auto().from_config(config, trust_remote_code=self.trust_remote_code)
 
@@ -364,18 +374,28 @@ def builtin_adapters() -> list[Adapter]:
 def model_architecture(model_dir: Path) -> str:
     """``architectures[0]`` from config.json, read without transformers."""
     config_path = Path(model_dir) / "config.json"
-    if not config_path.is_file():
-        raise InputError("not a model folder: config.json is missing", path=model_dir)
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise InputError(
-            f"config.json is not valid JSON: {err.msg}", path=config_path, line=err.lineno
-        ) from None
-    architectures = config.get("architectures") or []
+    architectures = read_model_config(model_dir).get("architectures") or []
     if not architectures:
         raise InputError("config.json names no architecture", path=config_path, hint="add 'architectures'")
     return architectures[0]
+
+
+@contextlib.contextmanager
+def config_errors(model_dir: Path):
+    """transformers' complaints about a config.json field (a wrong type, a value it rejects) as an
+    InputError naming the file and the field, not a traceback."""
+    from huggingface_hub.errors import StrictDataclassError
+
+    try:
+        yield
+    except StrictDataclassError as err:
+        field = re.search(r"field '([^']+)'", str(err))
+        cause = err.__cause__ or err
+        raise InputError(
+            f"config.json field '{field[1]}': {cause}" if field else f"config.json: {err}",
+            path=Path(model_dir) / "config.json",
+            hint="fix that field (compare with the model's original config.json) or download the model again",
+        ) from None
 
 
 def adapter_for(model_dir: Path, adapter: Adapter | Path | None = None) -> Adapter:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import logging
 import re
 import sys
 from pathlib import Path
 
 import torch
+
+from quantkit.fsutil import read_model_config
 
 # transformers modules that import scikit-learn / scipy names at import time when scikit-learn is
 # installed: the names each takes, and where from (generation_without_sklearn).
@@ -30,8 +31,9 @@ def saved_dtype(model_dir: Path) -> torch.dtype:
     """The dtype the checkpoint is stored in (config.json ``dtype`` / ``torch_dtype``, top level
     or text_config), bfloat16 when it does not say. Read before loading: loading in float32
     rewrites the in-memory config."""
-    config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-    for section in (config, config.get("text_config") or {}):
+    config = read_model_config(model_dir)
+    text_config = config.get("text_config")
+    for section in (config, text_config if isinstance(text_config, dict) else {}):
         for key in ("dtype", "torch_dtype"):
             value = getattr(torch, str(section.get(key)), None)
             if isinstance(value, torch.dtype) and value.is_floating_point:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from quantkit.pool.record import RecordError, not_unicode
+from quantkit.pool.record import RecordError, not_unicode, not_utf8
 
 _decoder = json.JSONDecoder()
 _decode_json = _decoder.decode  # json.loads(str) with default settings
@@ -86,8 +86,14 @@ def read_jsonl(
                     continue
                 else:
                     row = loads(raw)
-            except (decode_error, UnicodeDecodeError) as err:
+            except decode_error as err:
                 on_error(number, RecordError(f"malformed JSON: {err}"))
+                continue
+            except UnicodeDecodeError as err:
+                on_error(number, not_utf8(raw, err.start))
+                continue
+            except RecursionError:
+                on_error(number, too_deep())
                 continue
             try:
                 parse(row, number, line_start)
@@ -95,9 +101,19 @@ def read_jsonl(
                 on_error(number, err)
             except UnicodeEncodeError as err:
                 on_error(number, not_unicode(err))
+            except RecursionError:
+                on_error(number, too_deep())
     if on_bytes is not None and offset > reported:
         on_bytes(offset - reported)
     return number - first_line + 1
+
+
+def too_deep() -> RecordError:
+    """A record nested deeper than Python's JSON parser goes (its recursion limit)."""
+    return RecordError(
+        f"the record is nested more than {sys.getrecursionlimit()} levels deep, deeper than the "
+        "JSON parser goes; flatten it"
+    )
 
 
 def jsonl_at(path: Path, places: list[tuple[int, int]], parse: Parse) -> None:
@@ -258,8 +274,17 @@ class _ArrayReader:
                 + err.newlines
                 + (window.text.count("\n", self.counted) if window is not None else 0)
             )
-            self.on_error(line, RecordError(f"not UTF-8 text: {err.reason} (byte {err.byte})"))
+            self.on_error(line, self._not_utf8_at(err.byte))
             return self._done(line, err.byte, stopped=True)
+
+    def _not_utf8_at(self, byte: int) -> RecordError:
+        """The encoding error of the line holding ``byte`` (what the file likely is, and iconv)."""
+        self.handle.seek(max(0, byte - 4096))
+        before = self.handle.read(byte - max(0, byte - 4096))
+        line_start = before.rfind(b"\n") + 1
+        rest = self.handle.read(4096)
+        line = before[line_start:] + rest.split(b"\n", 1)[0]
+        return not_utf8(line, len(before) - line_start)
 
     def _run(self, stop: int | None) -> PartRead:
         window = self.window = _Window(self.handle, self.start)
@@ -310,6 +335,9 @@ class _ArrayReader:
                 except StopIteration as err:  # no value where one must be (err.value: there)
                     if window.eof or err.value < len(text) - _CUT:
                         return self._malformed(err.value, "expected a value")
+                except RecursionError:  # where the record ends is unknown: nothing after it can be read
+                    on_error(self.line, too_deep())
+                    return self._done(self.line, at, stopped=True)
                 self._refill(i)  # a record cut by the chunk's end: read on
                 i = 0
             try:
@@ -318,6 +346,8 @@ class _ArrayReader:
                 on_error(self.line, err)
             except UnicodeEncodeError as err:
                 on_error(self.line, not_unicode(err))
+            except RecursionError:
+                on_error(self.line, too_deep())
             if after is None:
                 return self._malformed(len(text), "the array is not closed (expected ']')")
             i = after.start()

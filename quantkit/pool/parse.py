@@ -312,6 +312,18 @@ class RecordParser:
                     f"{item!r} is a symbolic link to {os.path.realpath(item if os.path.isabs(item) else self.c.roots.base / item)}, "
                     f"outside {where}; name the folder it points into with --media-root DIR"
                 )
+            if full == "not-utf8":
+                raise RecordError(
+                    f"{kind} path {ascii(item)} is not valid UTF-8 (a file name in another encoding); rename "
+                    "the file to a UTF-8 name (e.g. convmv -f latin1 -t utf-8 --notest FILE) and the record"
+                )
+            if full == "too-long":
+                raise RecordError(
+                    f"{kind} path {item!r} has a name longer than the file system allows (255 bytes); "
+                    "rename the file and the record"
+                )
+            if full not in ("missing", "remote"):
+                raise RecordError(f"{kind} path {item!r} is {full}, not a file; point the record at the {kind} file itself")
             if full == "remote":
                 raise RecordError(
                     f"{kind} {item!r} is a URL: quantkit works offline and downloads nothing; download the "

@@ -26,7 +26,15 @@ from quantkit.pool.dedupe import drop_duplicates, id_conflicts
 from quantkit.pool.index import PoolIndex
 from quantkit.pool.jsonfile import json_array_at, jsonl_at, read_json_array, read_jsonl
 from quantkit.pool.parse import MediaProbe, ParseContext, RecordParser
-from quantkit.pool.record import PoolReadResult, RecordError, SkippedRecord, SourceStats, not_unicode
+from quantkit.pool.record import (
+    FileEncodingError,
+    PoolReadResult,
+    RecordError,
+    SkippedRecord,
+    SourceStats,
+    check_text_encoding,
+    not_unicode,
+)
 from quantkit.pool.sources import Source, resolve_sources
 from quantkit.pool.split import SplitRead, array_part_bounds, part_bounds, part_count
 from quantkit.pool.tables import csv_at, iter_csv, iter_table, table_at
@@ -184,6 +192,11 @@ def _read_sources(
         parse = parser.parse
         index.sources.append(str(path))
         index.readers.append(functools.partial(_read_again, source, context, parser))
+        if source.kind in ("jsonl", "json"):
+            try:
+                check_text_encoding(path)
+            except FileEncodingError as err:
+                raise InputError(str(err), path=path, hint=err.hint(path)) from None
         split = None
         if source.kind in ("jsonl", "json"):
             parts = part_count(path.stat().st_size, workers)
@@ -198,6 +211,8 @@ def _read_sources(
             def on_error(
                 number: int, err: RecordError, path: Path = path, stats: SourceStats = stats, before: int = before
             ) -> None:
+                if isinstance(err, FileEncodingError):
+                    raise InputError(str(err), path=path, line=number, hint=err.hint(path)) from None
                 if not skip_invalid:
                     # --skip-invalid only where it would keep something: records read before this one
                     raise InputError(

@@ -6,13 +6,78 @@ import json
 from collections import Counter
 from dataclasses import InitVar, dataclass, field
 
+from quantkit.errors import shorten
+
 # What json.dumps(..., ensure_ascii=False) writes for a string: records' JSON (payload, id hash,
 # text key) is assembled from pieces with it, byte-identical to dumping the dicts with sort_keys.
 json_str = json.encoder.encode_basestring
 
 
 class RecordError(ValueError):
-    """A record that fails validation; the message is the reason shown to the user."""
+    """A record that fails validation; the message is the reason shown to the user (shortened: it
+    may quote a field of any length, and skipped records' reasons go into the report)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(shorten(message))
+
+
+class FileEncodingError(RecordError):
+    """Text that is not UTF-8: the file is in another encoding, so every record is in doubt and
+    --skip-invalid does not skip it (it would keep the lines that happen to be ASCII)."""
+
+    def __init__(self, message: str, encoding: str) -> None:
+        super().__init__(message)
+        self.encoding = encoding  # iconv's name for it
+
+    def __reduce__(self):  # (pickled by the processes that read parts of a pool)
+        return type(self), (str(self), self.encoding)
+
+    def hint(self, path) -> str:
+        return (
+            f"convert it: iconv -f {self.encoding} -t UTF-8 '{path}' > '{path}.utf8' and read that; "
+            "--skip-invalid does not skip a file in another encoding"
+        )
+
+
+def not_utf8(line: bytes, column: int) -> FileEncodingError:
+    """A ``line`` holding a byte that is not UTF-8 at (0-based) ``column``, with the encoding the
+    file most likely is in (Windows-1252 when it uses bytes 0x80-0x9F, which Latin-1 leaves to
+    control characters)."""
+    cp1252 = any(0x80 <= b <= 0x9F for b in line)
+    guess = "Windows-1252" if cp1252 else "Latin-1 (ISO-8859-1)"
+    return FileEncodingError(
+        f"not UTF-8 text: byte 0x{line[column : column + 1].hex()} at column {column + 1}; the file looks like {guess}",
+        "CP1252" if cp1252 else "LATIN1",
+    )
+
+
+# Byte-order marks of the encodings a JSON file may not be in (RFC 8259: UTF-8 only), longest first.
+_BOMS = (
+    (b"\x00\x00\xfe\xff", "UTF-32"),
+    (b"\xff\xfe\x00\x00", "UTF-32"),
+    (b"\xfe\xff", "UTF-16"),
+    (b"\xff\xfe", "UTF-16"),
+)
+
+
+def wide_encoding(head: bytes) -> str | None:
+    """UTF-16 / UTF-32 from a file's first bytes (its byte-order mark, else the NUL bytes ASCII
+    text has in them), or None."""
+    for bom, name in _BOMS:
+        if head.startswith(bom):
+            return name
+    sample = head[:4096]
+    if len(sample) >= 4 and sample.count(0) * 4 >= len(sample):
+        return "UTF-32" if sample[:4].count(0) == 3 else "UTF-16"
+    return None
+
+
+def check_text_encoding(path) -> None:
+    """Raise FileEncodingError for a UTF-16 / UTF-32 text file (JSON, JSONL)."""
+    with open(path, "rb") as handle:
+        encoding = wide_encoding(handle.read(4096))
+    if encoding is not None:
+        raise FileEncodingError(f"the file is {encoding} text, not UTF-8", encoding)
 
 
 def not_unicode(err: UnicodeEncodeError) -> RecordError:
@@ -20,8 +85,7 @@ def not_unicode(err: UnicodeEncodeError) -> RecordError:
     character, so the record could be neither hashed nor written)."""
     bad = err.object[err.start : err.end]
     return RecordError(
-        f"text holds {bad!r}, half of a UTF-16 surrogate pair: not valid Unicode; "
-        "fix or drop that \\u escape"
+        f"text holds {bad!r}, half of a UTF-16 surrogate pair: not valid Unicode; fix or drop that \\u escape"
     )
 
 

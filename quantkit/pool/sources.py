@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quantkit.errors import InputError
+from quantkit.media import is_utf8_name
 from quantkit.pool.formats import FormatSpec
 from quantkit.pool.jsonfile import first_char
 from quantkit.pool.tables import hub_files, is_save_to_disk
@@ -291,4 +292,10 @@ def resolve_sources(
             "--dataset names entries of a LLaMA-Factory dataset_info.json, and no pool given is such a folder",
             hint="pass the data folder (the one holding dataset_info.json)",
         )
+    for source in sources:  # its path goes into every sample's `source` and the report: UTF-8 files
+        if not is_utf8_name(str(source.path)):
+            raise InputError(
+                f"the pool file's path is not valid UTF-8: {ascii(str(source.path))}",
+                hint="rename the file (or folder) to a UTF-8 name, e.g. convmv -f latin1 -t utf-8 --notest NAME",
+            )
     return sources, notes

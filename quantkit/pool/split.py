@@ -265,11 +265,11 @@ class SplitRead:
         context.stats.ignored.clear()
         if assigner is not None:
             assigner.start_part()
-        errors: list[tuple[int, str]] = []
+        errors: list[tuple[int, RecordError]] = []
         skip_invalid = self.skip_invalid
 
         def on_error(number: int, err: RecordError) -> None:
-            errors.append((number, str(err)))
+            errors.append((number, err))  # the error itself: its kind decides whether it may be skipped
             if not skip_invalid:
                 raise _FirstError
 
@@ -404,8 +404,8 @@ class SplitRead:
     def _merge(self, payload: dict, line_offset: int, keys: dict, on_error: OnError) -> None:
         context = self.context
         result, index = context.result, context.result.index
-        for number, message in payload["errors"]:
-            on_error(line_offset + number, RecordError(message))
+        for number, error in payload["errors"]:
+            on_error(line_offset + number, error)
         # The part's groups: one already made here (the same spelling and task) is that group;
         # the others are new, numbered in the order the part met them.
         renumber = np.empty(len(payload["groups"]), dtype=np.uint32)

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from quantkit.errors import InputError
+from quantkit.fsutil import write_file_atomic
 
 TABLE_VERSION = 1
 
@@ -70,27 +71,32 @@ class SensitivityTable:
 
 
 def save_table(table: SensitivityTable, path: Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(table.to_dict(), indent=2) + "\n", encoding="utf-8")
-    partial.replace(path)
-    return path
+    write_file_atomic(Path(path), json.dumps(table.to_dict(), indent=2) + "\n")
+    return Path(path)
 
 
 def load_table(path: Path) -> SensitivityTable:
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise InputError(f"cannot read the sensitivity table: {err}", path=path) from None
+    except (OSError, ValueError, RecursionError) as err:
+        raise InputError(
+            f"cannot read the sensitivity table: {type(err).__name__}: {err}", path=path
+        ) from None
     if not isinstance(data, dict) or data.get("version") != TABLE_VERSION or "rows" not in data:
         raise InputError("not a quantkit sensitivity table (version 1)", path=path)
-    rows = [SensitivityRow(**row) for row in data.pop("rows")]
-    try:
-        return SensitivityTable(rows=rows, **data)
-    except TypeError as err:
-        raise InputError(f"malformed sensitivity table: {err}", path=path) from None
+    from pydantic import TypeAdapter, ValidationError
+
+    try:  # every field of its type: a hand-edited table fails here, not in the ranking
+        return TypeAdapter(SensitivityTable).validate_python(data, strict=False)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        raise InputError(
+            f"malformed sensitivity table: field '{field}': {first['msg']}",
+            path=path,
+            hint="write it again with `quantkit sensitivity -o FILE`",
+        ) from None
 
 
 def format_table(table: SensitivityTable, top: int | None = 20) -> list[str]:

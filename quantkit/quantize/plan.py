@@ -22,7 +22,6 @@ has none, and the plan says so). The figures follow what the run holds:
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -445,8 +444,6 @@ def memory_plan(
 
 def write_plan_json(path: Path, data: dict) -> None:
     """The dry run's plan as JSON (written beside and renamed)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    partial.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    partial.replace(path)
+    from quantkit.fsutil import write_file_atomic
+
+    write_file_atomic(Path(path), json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import re
 import shutil
 import time
@@ -199,12 +198,9 @@ def with_options(recipe: Recipe, *, group_size: int | None = None) -> Recipe:
         raise InputError(f"--group-size {group_size}: {err}") from None
 
 
-def check_group_size_fits(
-    model: torch.nn.Module, targets: TargetPlan, recipe: Recipe, *, refuse: bool = False
-) -> None:
-    """A chosen group size (--group-size or the recipe's) that divides no targeted layer turns a
-    4-bit run into an all-8-bit model. Say so (a warning), or with ``refuse`` (the size came from
-    the command line) refuse it, naming sizes that fit."""
+def check_group_size_fits(model: torch.nn.Module, targets: TargetPlan, recipe: Recipe) -> None:
+    """A chosen group size (--group-size or the recipe's) that divides no targeted layer would
+    turn a 4-bit run into an all-8-bit model: refuse it, naming sizes that fit."""
     group = recipe.group_size
     if group is None or recipe.scheme not in GROUP_SCHEMES or not targets.quantize:
         return
@@ -218,13 +214,12 @@ def check_group_size_fits(
         f"({', '.join(map(str, widths))}): every layer would stay at 8 bits, not the recipe's 4"
     )
     hint = (
-        f"choose one that divides them ({', '.join(map(str, fitting[:3]))})"
+        f"pass --group-size (or set the recipe's group_size) to one that divides them "
+        f"({', '.join(map(str, fitting[:3]))})"
         if fitting
         else "leave the group size out, or use an 8-bit recipe"
     )
-    if refuse:
-        raise InputError(message, hint=hint)
-    logging.getLogger("quantkit").warning(f"{message} ({hint})")
+    raise InputError(message, hint=hint)
 
 
 def check_fixed_widths_fit(
@@ -413,7 +408,6 @@ def plan(
     avg_bits: float | None = None,
     sensitivity=None,
     count_overhead: bool = False,
-    strict_group_size: bool = False,
     sample_tokens: list[int | None] | None = None,
     calibration_dtype: torch.dtype | None = None,
     offload: str | None = None,
@@ -426,7 +420,7 @@ def plan(
     config only (the model is built on the meta device). For W4A16 recipes: the group size, the
     layers kept at 8 bits because none divides them, and, with ``sensitivity``, the layers
     ``avg_bits`` promotes (without it, they are chosen when quantize measures the ranking).
-    ``strict_group_size`` (a group size from the command line) refuses one that divides no layer.
+    A group size (the recipe's or --group-size) that divides no layer is refused.
     The memory plan uses ``sample_tokens`` (per sample, None where the set records none) and
     ``host_memory`` bytes of host memory (default: what this machine has free; 0: decide nothing
     from it), calibrating on ``device`` ("cuda" or "cpu"; default: a GPU when there is one).
@@ -445,7 +439,7 @@ def plan(
     kept_targets = resolve_targets(model, adapter)
     if recipe.method == "awq":  # a wrong mapping is bad input before any weight is read
         check_awq_mappings(model, adapter)
-    check_group_size_fits(model, kept_targets, recipe, refuse=strict_group_size)
+    check_group_size_fits(model, kept_targets, recipe)
     check_fixed_widths_fit(model, kept_targets, recipe, kinds)
     targets = expand_targets(kept_targets, kinds) if kinds else kept_targets
     tree = ExpandedTree(model, kinds) if kinds else model
@@ -619,7 +613,6 @@ def quantize(
     offload: str | None = None,
     offload_folder: Path | None = None,
     max_cpu_memory: int | None = None,
-    strict_group_size: bool = False,
     spill: bool | None = None,
 ) -> QuantizeResult:
     """Quantize the language model of ``model_dir`` with ``recipe`` and write ``output``.
@@ -643,8 +636,7 @@ def quantize(
     "disk") loads through compressed-tensors' offloading for models larger than device memory
     (disk: what exceeds ``max_cpu_memory`` bytes goes under ``offload_folder``, default a
     temporary folder beside ``output``, removed after).
-    ``strict_group_size`` refuses a group size that divides no layer (one given on the command
-    line) instead of warning. Before any work: the model folder's files, an output that overlaps
+    A group size that divides no layer is refused. Before any work: the model folder's files, an output that overlaps
     an input, an output that cannot be written or whose disk is too small for the checkpoint.
     The memory plan (quantkit.quantize.plan) is made once the model is loaded; when the
     activation cache does not fit in host memory it is spilled to memory-mapped files beside
@@ -690,7 +682,6 @@ def quantize(
             avg_bits=avg_bits,
             sensitivity=table,
             count_overhead=count_overhead,
-            strict_group_size=strict_group_size,
         )
         check_output_free(output, force, need_bytes=planned.checkpoint_bytes)
         context = distributed or init_distributed()

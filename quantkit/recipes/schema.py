@@ -133,7 +133,8 @@ class Recipe(BaseModel):
         ge=8,
         description="W4A16 only: weights per scale along the input features. null: the largest of "
         "128, 64, 32 that divides every targeted layer's in-features (layers none divides stay at 8 "
-        "bits); a number: that group size (layers it does not divide stay at 8 bits)",
+        "bits); a number: that group size (layers it does not divide stay at 8 bits; one that divides "
+        "no layer is refused)",
     )
     symmetric: bool = Field(
         default=True,

@@ -13,7 +13,9 @@ targets and cached between runs (model bytes, calibration set, recipe, avg bits,
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import logging
 import sys
 import time
 import traceback
@@ -21,7 +23,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from quantkit import __version__
-from quantkit.errors import InputError, QuantkitError
+from quantkit.errors import InputError, QuantkitError, shorten
 from quantkit.fsutil import check_model_folder, check_writable, refuse_overlap, sha256_file, write_file_atomic
 
 BUILD_FILE = "build.json"
@@ -238,14 +240,29 @@ def task_kl_losses(drift) -> dict[str, float]:
 
 
 def _read_build_file(output_root: Path) -> dict:
+    """The earlier build.json; one that cannot be read (damaged, not JSON, not an object) is moved
+    aside with a note, not overwritten: it may be the only record of earlier builds."""
     path = output_root / BUILD_FILE
     if not path.is_file():
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        return {}
-    return data if isinstance(data, dict) else {}
+        if isinstance(data, dict):
+            return data
+        problem = "it is not a JSON object"
+    except (ValueError, RecursionError) as err:
+        problem = f"it is not readable JSON ({shorten(str(err), 120)})"
+    aside = next(
+        candidate
+        for n in itertools.count(1)
+        if not (candidate := path.with_name(f"{BUILD_FILE}.unreadable-{n}")).exists()
+    )
+    path.rename(aside)
+    logging.getLogger("quantkit").warning(
+        f"{path}: {problem}; moved aside to {aside.name} and started a new build.json "
+        "(earlier targets and candidates in it are not merged)"
+    )
+    return {}
 
 
 def _same_model(data: dict, model_dir: Path, model_hash: str) -> bool:
@@ -267,7 +284,7 @@ def _previous(data: dict, output_root: Path) -> dict[str, dict]:
     entries = [*data.get("earlier", []), *data.get("checkpoints", [])]
     found = {}
     for entry in entries:
-        if "checkpoint" in entry and "key" in entry:
+        if isinstance(entry, dict) and "checkpoint" in entry and "key" in entry:
             folder = _here(output_root, entry["checkpoint"])
             found[folder] = {**entry, "checkpoint": folder}
     return found
@@ -598,7 +615,7 @@ def build_checkpoints(
     model_dir, output_root = Path(model_dir), Path(output_root)
     refuse_overlap(output_root, {"model folder": model_dir, "calibration set": calib}, option="--output-root")
     check_model_folder(model_dir)
-    check_writable(output_root, option="--output-root")
+    check_writable(output_root, option="--output-root", kind="folder")
     table = load_targets(targets_file)
     chosen = [table.get(name) for name in dict.fromkeys(target_names)]
     eval_names = resolve_eval_tasks(model_dir, eval_tasks)

@@ -7,7 +7,6 @@ the ignore list and the config groups are matched exactly as compressed-tensors 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import torch
 
 from quantkit.errors import InputError
+from quantkit.fsutil import read_model_config
 from quantkit.models.adapters import Adapter, adapter_for
 
 # Stored dtypes a compression format writes for a quantized weight.
@@ -127,10 +127,7 @@ def _quantization_config(checkpoint: Path):
     with generation_without_sklearn():
         from compressed_tensors.quantization import QuantizationConfig
 
-    config_path = checkpoint / "config.json"
-    if not config_path.is_file():
-        raise InputError("not a model folder: config.json is missing", path=checkpoint)
-    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config = read_model_config(checkpoint)
     raw = config.get("quantization_config") or config.get("compression_config")
     if raw is None:
         return config, None, "config.json has no quantization_config"
