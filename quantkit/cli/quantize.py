@@ -204,22 +204,25 @@ def quantize(
         quantkit quantize models/omni --recipe fp8-dynamic -o out/omni-fp8 --dry-run
     """
     from quantkit.errors import InputError
-    from quantkit.fsutil import check_model_folder, check_output_free, refuse_overlap
+    from quantkit.fsutil import check_model_folder, check_output_file, check_output_free, refuse_overlap
 
     # Before importing torch or reading anything heavy (processor, set, weights): the model
     # folder and its files, an output that would overwrite an input, one that cannot be written.
     check_model_folder(model)
-    refuse_overlap(
-        output,
-        {
-            "model folder": model,
-            "calibration set": calib,
-            "sensitivity table": sensitivity,
-            "adapter file": adapter,
-            "feature cache": cache_dir or default_cache_dir(),
-        },
-    )
-    if not dry_run:
+    inputs = {
+        "model folder": model,
+        "calibration set": calib,
+        "sensitivity table": sensitivity,
+        "adapter file": adapter,
+    }
+    refuse_overlap(output, {**inputs, "feature cache": cache_dir or default_cache_dir()})
+    refuse_overlap(cache_dir, inputs, option="--cache-dir")
+    plan_target = plan_json or output.with_name(output.name + ".plan.json")
+    if dry_run:
+        check_output_file(
+            plan_target, force, inputs, option="--plan-json" if plan_json is not None else "the plan (OUTPUT.plan.json)"
+        )
+    else:
         check_output_free(output, force)
 
     from quantkit.models.adapters import adapter_for
@@ -311,9 +314,8 @@ def quantize(
             light_imports=True,
         ).to_dict()
         print_plan(planned, drawn)
-        target = plan_json or output.with_name(output.name + ".plan.json")
-        write_plan_json(target, planned)
-        console.print(f"wrote {target}")
+        write_plan_json(plan_target, planned)
+        console.print(f"wrote {plan_target}")
         return
     result = run_quantize(
         model,
