@@ -27,7 +27,7 @@ from quantkit.media import MediaError, load_image
 from quantkit.verify import VerifyReport
 from quantkit.verify.audit import AuditResult, Check, audit_checkpoint
 from quantkit.verify.drift import DriftGroup, DriftReport, DriftThresholds
-from quantkit.verify.vllm_check import VllmCheck
+from quantkit.verify.vllm_check import VllmCheck, vllm_python
 
 # The fault tests' model, pool, set and checkpoint (module fixtures, registered here by name).
 text_model, text_pool, text_calib, checkpoint = (
@@ -514,3 +514,24 @@ def test_audit_fails_a_nan_scale_a_missing_scale_and_a_missing_zero_point(w4a16_
         result = audit_checkpoint(damaged)
         details = " ".join(c.detail for c in result.checks if not c.passed)
         assert not result.passed and says in details, (name, result.checks)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(vllm_python() is None, reason="no vLLM environment (make vllm-env)")
+def test_verify_and_build_vllm_through_the_cli(checkpoint, text_model, tmp_path):
+    """With the vLLM environment: `verify --vllm` and `build --vllm` run vLLM on the fp8-dynamic
+    checkpoint (which vLLM's CPU backend runs: it must pass, not skip) and record it."""
+    verified = invoke("verify", checkpoint, "--vllm", "--report", tmp_path / "v.json")
+    assert verified.exit_code == 0, verified.output
+    assert json.loads((tmp_path / "v.json").read_text())["vllm"]["status"] == "passed"
+    from test_build_gate import target, targets_file
+
+    targets = targets_file(tmp_path, target("fp8", "fp8-dynamic"))
+    out = tmp_path / "out"
+    built = invoke(
+        "build", "--target", "fp8", "--targets-file", targets, "--model", text_model,
+        "--output-root", out, "--vllm",
+    )  # fmt: skip
+    assert built.exit_code == 0, built.output
+    entries = json.loads((out / "build.json").read_text())["checkpoints"]
+    assert [entry["vllm"] for entry in entries] == ["passed"], entries
