@@ -150,6 +150,14 @@ def test_plan_json_never_overwrites_an_input_or_an_earlier_plan(text_model, text
     assert json.loads(default.read_text())["recipe"] == "fp8-dynamic"
 
 
+def test_sensitivity_output_is_not_replaced_without_force(text_model, text_calib, tmp_path):
+    table = tmp_path / "s.json"
+    table.write_text("an earlier ranking")
+    result = invoke("sensitivity", text_model, "--calib", text_calib, "-o", table)
+    assert result.exit_code == 2 and "--output already exists" in result.output, result.output
+    assert table.read_text() == "an earlier ranking"
+
+
 def test_quantize_cache_dir_inside_the_calibration_set_is_refused(text_model, text_calib, tmp_path):
     before = tree_hash(text_calib)
     result = invoke(
