@@ -12,7 +12,7 @@ import os
 import re
 import shutil
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -34,7 +34,7 @@ def _ancestors(path: Path) -> Iterator[Path]:
     yield from path.parents
 
 
-def _within(inner: Path, outer: Path) -> bool:
+def within(inner: Path, outer: Path) -> bool:
     """``inner`` is ``outer`` or lies below it: by resolved path (symlinks followed), and by file
     identity for what exists (bind mounts, hard-linked or case-folded names)."""
     inner, outer = inner.resolve(), outer.resolve()
@@ -74,14 +74,14 @@ def refuse_overlap(
             if path is None:
                 continue
             path = Path(path)
-            if _within(path, output):
-                relation = "is" if _within(output, path) else "contains"
+            if within(path, output):
+                relation = "is" if within(output, path) else "contains"
                 raise InputError(
                     f"{option} {relation} the {what} {path}: writing it would destroy that input",
                     path=output,
                     hint=f"choose another {option} outside every input; --force never replaces an input",
                 )
-            if what not in allowed and _within(output, path) and path.is_dir():
+            if what not in allowed and within(output, path) and path.is_dir():
                 raise InputError(
                     f"{option} sits inside the {what} {path}: quantkit never writes into its inputs",
                     path=output,
@@ -95,15 +95,18 @@ def refuse_calibrate_overlap(
     taxonomy: Path | None,
     model: Path | None,
     media_roots: Iterable[Path] = (),
+    *,
+    previous_set: bool = False,
 ) -> None:
     """:func:`refuse_overlap` for ``calibrate``: the pool files, their media folders (media paths
     resolve inside the pool file's folder, or the pool folder itself), the ``--media-root``
     folders, the taxonomy, the model.
 
     A set may go beside its pool (``calibrate pool.jsonl --output calib``): a new folder inside
-    the media folder, or a previous set there, holds no media; any other existing folder might."""
+    the media folder, or an earlier set there (``previous_set``: the folder has a set's whole
+    signature, see calibset.is_calibration_set), holds no media; any other existing folder might."""
     pools, output = [Path(p) for p in pools], Path(output)
-    replaceable = not output.exists() or (output / "report.json").is_file()
+    replaceable = not output.exists() or previous_set
     refuse_overlap(
         output,
         {
@@ -255,26 +258,108 @@ def remove_stale_staging(output: Path) -> list[Path]:
     return removed
 
 
-def check_output_free(output: Path, force: bool, *, need_bytes: int | None = None) -> None:
+def check_output_free(
+    output: Path,
+    force: bool,
+    *,
+    need_bytes: int | None = None,
+    replaceable: Callable[[Path], bool] | None = None,
+    what: str = "output",
+    option: str = "--output",
+) -> None:
     """Fail early, before any work: ``output`` exists and ``force`` is off, it is not a folder,
     nothing can be written there, or (with ``need_bytes``) its disk is too full. Removes the
-    staging folders killed runs left beside it."""
+    staging folders killed runs left beside it.
+
+    ``replaceable`` (the signature of what this command writes, e.g. a calibration set's files
+    and format marker): with ``force``, an existing non-empty folder is replaced only when it
+    has that signature; --force never deletes a folder quantkit did not write as this output."""
     output = Path(output)
     _check_name_lengths(output, "--output")
     if output.exists() and not force:
-        raise InputError("output already exists", path=output, hint="choose another path or pass --force")
+        raise InputError(f"{option} already exists", path=output, hint="choose another path or pass --force")
     if output.exists() and not output.is_dir():
-        raise InputError("output exists and is not a folder", path=output)
+        raise InputError(f"{option} exists and is not a folder", path=output)
     if output.is_dir() and os.path.ismount(output):
         raise InputError(
-            "output is a mount point: it cannot be replaced by the finished folder",
+            f"{option} is a mount point: it cannot be replaced by the finished folder",
             path=output,
             hint="choose a folder inside it",
         )
-    check_writable(output)
+    if replaceable is not None and output.is_dir() and any(output.iterdir()) and not replaceable(output):
+        raise InputError(
+            f"{option} holds files that are not a {what} quantkit wrote: --force replaces only an earlier {what}",
+            path=output,
+            hint=f"choose another {option} (or empty that folder yourself)",
+        )
+    check_writable(output, option=option)
     remove_stale_staging(output)
     if need_bytes is not None:
         check_free_space(output, need_bytes)
+
+
+def check_output_file(
+    path: Path,
+    force: bool,
+    inputs: Mapping[str, Path | Iterable[Path | None] | None],
+    *,
+    option: str,
+) -> None:
+    """The output rule for a single file (``--plan-json``, ``--report``): not an input nor inside
+    an input folder (:func:`refuse_overlap`), not a folder, not an existing file unless ``force``,
+    and writable."""
+    path = Path(path)
+    refuse_overlap(path, inputs, option=option)
+    if path.is_dir():
+        raise InputError(f"{option} is a folder, not a file", path=path, hint=f"give {option} a file name")
+    if path.exists() and not force:
+        raise InputError(f"{option} already exists", path=path, hint="choose another path or pass --force")
+    check_writable(path, option=option)
+
+
+def _lock_path(output: Path) -> Path:
+    output = Path(output).absolute()
+    return output.parent / f".{output.name}.lock"
+
+
+def _lock_holder(lock: Path) -> int | None:
+    """The live process holding ``lock`` (its PID), or None when free or left by a dead one."""
+    try:
+        pid = int(lock.read_text(encoding="ascii").strip() or 0)
+    except (OSError, ValueError):
+        return None
+    return pid if pid > 0 and pid != os.getpid() and _pid_alive(pid) else None
+
+
+@contextmanager
+def output_lock(output: Path, *, option: str = "--output") -> Iterator[Path]:
+    """Hold ``.NAME.lock`` beside ``output`` (it names this process) for the whole run: a second
+    run onto the same output fails (InputError) naming the holder instead of replacing the first
+    one's result. A lock whose process is gone is taken over."""
+    lock = _lock_path(output)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    for _attempt in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = _lock_holder(lock)
+            if holder is not None:
+                raise InputError(
+                    f"{option} is being written by another quantkit run (process {holder}, lock {lock})",
+                    path=output,
+                    hint="wait for it to finish, or choose another output",
+                ) from None
+            lock.unlink(missing_ok=True)  # left by a run that died
+            continue
+        with os.fdopen(fd, "w", encoding="ascii") as handle:
+            handle.write(f"{os.getpid()}\n")
+        break
+    else:
+        raise InputError(f"cannot take the lock {lock} on {option}", path=output, hint="run again")
+    try:
+        yield lock
+    finally:
+        lock.unlink(missing_ok=True)
 
 
 def as_os_error(err: BaseException) -> OSError | None:
@@ -352,6 +437,13 @@ def atomic_output_dir(output: Path, *, force: bool = False) -> Iterator[Path]:
             raise write_error(cause, output) from None
         raise
     previous = None
+    if output.exists() and not force:  # another run finished there while this one worked
+        shutil.rmtree(staging, ignore_errors=True)
+        raise InputError(
+            "output appeared while this run worked (another run wrote it); it was not replaced",
+            path=output,
+            hint="pass --force to replace it, or choose another output",
+        )
     if output.exists():
         previous = output.parent / f".{output.name}.old-{os.getpid()}"
         output.rename(previous)

@@ -29,6 +29,19 @@ class MediaError(ValueError):
     """A media file that cannot be probed or decoded; the message says why."""
 
 
+def require_regular_file(path: Path) -> os.stat_result:
+    """``path``'s stat when it is a regular file (symlinks followed); MediaError otherwise, before
+    anything opens it (opening a FIFO blocks until a writer comes)."""
+    try:
+        info = os.stat(path)
+    except OSError as err:
+        raise MediaError(f"cannot read media file: {err.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = NOT_A_FILE.get(stat.S_IFMT(info.st_mode), "not a regular file")
+        raise MediaError(f"the media path is {kind}, not a regular file")
+    return info
+
+
 @dataclass(frozen=True)
 class ImageInfo:
     width: int
@@ -151,6 +164,8 @@ def probe_audio(path: Path) -> AudioInfo:
 def load_image(path: Path):
     from PIL import Image
 
+    require_regular_file(path)
+
     try:
         with Image.open(path) as image:
             return image.convert("RGB")
@@ -172,6 +187,7 @@ def load_video(path: Path, *, fps: float, max_frames: int, min_frames: int = 2) 
     """
     import av
 
+    require_regular_file(path)
     info = probe_video(path)
     total = max(info.frames, 1)
     wanted = int(round(info.duration_s * fps))
@@ -214,6 +230,7 @@ def load_audio(
     """Decode the first audio stream of ``path`` (an audio file or a video's track) to mono float32."""
     import av
 
+    require_regular_file(path)
     resampler = av.AudioResampler(format="flt", layout="mono", rate=sample_rate)
     chunks: list[np.ndarray] = []
     limit = int(max_seconds * sample_rate) if max_seconds else None

@@ -540,8 +540,7 @@ def _skills_model_whose_original_raises(tmp_path: Path, monkeypatch, error: Exce
     from quantkit.zoo import skills
     from quantkit.zoo.models import build_zoo_model
 
-    if skills.committed_weights() is None:
-        pytest.skip("no trained tiny-omni-skills weights are committed (issue 17)")
+    assert skills.committed_weights() is not None, f"the trained weights are committed: {skills.WEIGHTS}"
     model = build_zoo_model("tiny-omni-skills", tmp_path / "skills")
     real = quantkit.eval.skills.score_model
 

@@ -195,8 +195,7 @@ def test_eval_tasks_scores_count_in_the_gate(tmp_path):
     from quantkit.zoo import skills
     from quantkit.zoo.models import build_zoo_model
 
-    if skills.committed_weights() is None:
-        pytest.skip("no trained tiny-omni-skills weights are committed (issue 17)")
+    assert skills.committed_weights() is not None, f"the trained weights are committed: {skills.WEIGHTS}"
     model = build_zoo_model("tiny-omni-skills", tmp_path / "skills")
     file = targets_file(tmp_path, target("eval", "fp8-dynamic"))
     out = tmp_path / "out"

@@ -114,8 +114,7 @@ def test_zoo_build_restores_the_committed_weights_with_skills_json(tmp_path):
     from quantkit.zoo.models import build_zoo_model
 
     record = skills.committed_record()
-    if skills.committed_weights() is None:
-        pytest.skip("no trained tiny-omni-skills weights are committed yet (issue 17: training did not fit)")
+    assert skills.committed_weights() is not None, f"the trained weights are committed: {skills.WEIGHTS}"
     assert record["key"] == skills.input_key(record["seed"], record["steps"]), "the inputs changed: retrain"
     out = build_zoo_model("tiny-omni-skills", tmp_path / "skills")
     written = load_file(str(out / "model.safetensors"))

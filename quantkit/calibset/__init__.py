@@ -99,6 +99,42 @@ def _damaged(samples: Path, line: int, problem: str) -> InputError:
     )
 
 
+def check_set_media(path: Path, report: dict, rows: list[dict]) -> None:
+    """Every media file the set's rows name is a regular file (checked before anything opens it:
+    a FIFO would block) and, for a set that recorded them (``media_files``: size and mtime, or
+    size and digest for the media the set carries), the very file calibrate chose."""
+    from quantkit.media import MediaError, require_regular_file
+
+    recorded = report.get("media_files")
+    for row in rows:
+        for column in ("images", "videos", "audios"):
+            for media in row.get(column) or []:
+                try:
+                    info = require_regular_file(media)
+                except MediaError as err:
+                    raise InputError(
+                        f"{err} (named by sample {row.get('id')!r})",
+                        path=media,
+                        hint="restore the file calibrate chose, or build the set again with `quantkit calibrate`",
+                    ) from None
+                if recorded is None:
+                    continue
+                expected = recorded.get(media)
+                changed = expected is None or info.st_size != expected.get("size")
+                if not changed and "mtime_ns" in expected:
+                    changed = info.st_mtime_ns != expected["mtime_ns"]
+                if not changed and "sha256" in expected:
+                    changed = sha256_file(Path(media)) != expected["sha256"]
+                if changed:
+                    raise InputError(
+                        f"the media file of sample {row.get('id')!r} changed after calibrate "
+                        f"(size or modification time differ from the set's report.json)",
+                        path=media,
+                        hint="restore the original file (a copy must keep its times: cp -p), "
+                        "or build the set again with `quantkit calibrate`",
+                    )
+
+
 def load_calibration_set(path: Path):
     """Load a calibration set folder as a ``datasets.Dataset``.
 
@@ -125,6 +161,7 @@ def load_calibration_set(path: Path):
             if problem:
                 raise _damaged(samples, number, problem)
             rows.append(row)
+    check_set_media(path, report, rows)
     features = datasets.Features(
         {
             "id": datasets.Value("string"),

@@ -31,7 +31,36 @@ SET_VERSION = 1
 SAMPLES_FILE = "samples.jsonl"
 REPORT_FILE = "report.json"
 MEDIA_DIR = "media"  # embedded media (data URIs, datasets Image / Audio bytes) the set carries
+REPORT_MARKDOWN = "report.md"
 VERIFY_KINDS = ("image", "video", "audio")
+# What calibrate writes into a set folder: the signature an earlier set is recognised by (and the
+# only folder `calibrate --force` replaces).
+SET_FILES = frozenset({SAMPLES_FILE, REPORT_FILE, REPORT_MARKDOWN})
+
+
+def is_calibration_set(folder: Path) -> bool:
+    """``folder`` holds exactly what calibrate writes: samples.jsonl, report.json (with the set's
+    format marker), report.md, and at most a media/ folder of plain files; nothing else."""
+    folder = Path(folder)
+    try:
+        entries = {entry.name: entry for entry in folder.iterdir()}
+    except OSError:
+        return False
+    if set(entries) - {MEDIA_DIR} != SET_FILES or any(
+        entries[name].is_symlink() or not entries[name].is_file() for name in SET_FILES
+    ):
+        return False
+    media = entries.get(MEDIA_DIR)
+    if media is not None:
+        if media.is_symlink() or not media.is_dir():
+            return False
+        if any(item.is_symlink() or not item.is_file() for item in media.iterdir()):
+            return False
+    try:
+        report = json.loads((folder / REPORT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(report, dict) and report.get("format") == SET_FORMAT
 
 
 @dataclass(frozen=True)
@@ -197,8 +226,15 @@ def build_calibration_set(
         if output is None:
             raise InputError("--output is required (or pass --dry-run to only read and check the pool)")
         output = Path(output)
-        refuse_calibrate_overlap(output, pools, options.taxonomy, options.model, options.media_roots)
-        check_output_free(output, options.force)
+        refuse_calibrate_overlap(
+            output,
+            pools,
+            options.taxonomy,
+            options.model,
+            options.media_roots,
+            previous_set=output.is_dir() and is_calibration_set(output),
+        )
+        check_output_free(output, options.force, replaceable=is_calibration_set, what="calibration set")
     taxonomy_path = Path(options.taxonomy) if options.taxonomy else DEFAULT_TAXONOMY
     taxonomy = load_taxonomy(taxonomy_path)
 
@@ -337,7 +373,9 @@ def _build(pools, output, options, taxonomy, taxonomy_path, hooks, store) -> Cal
         )
         hooks.phase("writing")
         with atomic_output_dir(output, force=options.force) as staging:
+            refuse_media_inside(output, selected)
             rows = _carry_embedded(rows, selected, store, staging, Path(output).absolute() / MEDIA_DIR)
+            report["media_files"] = _media_fingerprints(selected, store, Path(output).absolute() / MEDIA_DIR)
             samples_path = staging / SAMPLES_FILE
             with open(samples_path, "w", encoding="utf-8") as handle:
                 for row in rows:
@@ -346,8 +384,8 @@ def _build(pools, output, options, taxonomy, taxonomy_path, hooks, store) -> Cal
             (staging / REPORT_FILE).write_text(
                 json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8"
             )
-            write_report_markdown(report, staging / "report.md")
-            _append_markdown(report, staging / "report.md")
+            write_report_markdown(report, staging / REPORT_MARKDOWN)
+            _append_markdown(report, staging / REPORT_MARKDOWN)
     return CalibrationSetResult(output=output, report=report, notes=notes)
 
 
@@ -366,6 +404,34 @@ def _dry_run(pool: PoolReadResult, error: InputError | None) -> CalibrationSetRe
         "notes": list(pool.notes),
     }
     return CalibrationSetResult(output=None, report=report, notes=list(pool.notes), error=error)
+
+
+def refuse_media_inside(output: Path, selected: list[PoolRecord]) -> None:
+    """A media file the new set uses must not lie inside the folder the set replaces."""
+    output = Path(output).absolute()
+    for record in selected:
+        for path in record.media:
+            if output in Path(path).parents:
+                raise InputError(
+                    f"--output holds the media file {path}, which the new set uses: replacing it would delete it",
+                    path=output,
+                    hint="choose another --output",
+                )
+
+
+def _media_fingerprints(selected: list[PoolRecord], store: MediaStore, final: Path) -> dict[str, dict]:
+    """What tells a set's media file from one replaced later (quantkit.calibset.check_set_media):
+    size and modification time of the pool's files; size and digest of the embedded media the
+    set carries (written afresh by each run: their times differ, their bytes do not)."""
+    prefix = str(store.folder) + os.sep
+    found: dict[str, dict] = {}
+    for path in {p for record in selected for p in record.media}:
+        info = os.stat(path)
+        if path.startswith(prefix):
+            found[str(final / os.path.basename(path))] = {"size": info.st_size, "sha256": sha256_file(Path(path))}
+        else:
+            found[path] = {"size": info.st_size, "mtime_ns": info.st_mtime_ns}
+    return dict(sorted(found.items()))
 
 
 def _carry_embedded(

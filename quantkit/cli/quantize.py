@@ -210,6 +210,7 @@ def quantize(
     from quantkit.fsutil import (
         check_cache_writable,
         check_model_folder,
+        check_output_file,
         check_output_free,
         check_writable,
         refuse_overlap,
@@ -218,23 +219,27 @@ def quantize(
     # Before importing torch or reading anything heavy (processor, set, weights): the model
     # folder and its files, an output that would overwrite an input, one that cannot be written.
     check_model_folder(model)
-    refuse_overlap(
-        output,
-        {
-            "model folder": model,
-            "calibration set": calib,
-            "sensitivity table": sensitivity,
-            "adapter file": adapter,
-            "feature cache": cache_dir or default_cache_dir(),
-        },
-    )
-    if not dry_run:
-        check_output_free(output, force)
-        if calib is not None:  # (the cache holds calibration samples' processed inputs)
-            check_cache_writable(cache_dir or default_cache_dir())
+    inputs = {
+        "model folder": model,
+        "calibration set": calib,
+        "sensitivity table": sensitivity,
+        "adapter file": adapter,
+    }
+    refuse_overlap(output, {**inputs, "feature cache": cache_dir or default_cache_dir()})
+    refuse_overlap(cache_dir, inputs, option="--cache-dir")
     plan_target = plan_json or output.with_name(output.name + ".plan.json")
     if dry_run:
         check_writable(plan_target, option="--plan-json" if plan_json else "--output", kind="file")
+        check_output_file(
+            plan_target,
+            force,
+            inputs,
+            option="--plan-json" if plan_json is not None else "the plan (OUTPUT.plan.json)",
+        )
+    else:
+        check_output_free(output, force)
+        if calib is not None:  # (the cache holds calibration samples' processed inputs)
+            check_cache_writable(cache_dir or default_cache_dir())
 
     from quantkit.models.adapters import adapter_for
     from quantkit.quantize import plan as make_plan

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from quantkit.cli._common import AdapterFile, FeatureCache, SubsampleSeed, console
+from quantkit.cli._common import AdapterFile, FeatureCache, Force, SubsampleSeed, console
 
 
 class WeightScheme(StrEnum):
@@ -77,6 +77,7 @@ def sensitivity(
     adapter: AdapterFile = None,
     cache_dir: FeatureCache = None,
     seed: SubsampleSeed = 0,
+    force: Force = False,
 ) -> None:
     """Rank the language model's Linear layers by how much quantizing each alone moves the output.
 
@@ -94,15 +95,22 @@ def sensitivity(
         quantkit sensitivity models/qwen3 --calib calib --num-samples 8 -o sens.json
     """
     from quantkit.cli.quantize import default_cache_dir
-    from quantkit.fsutil import check_cache_writable, check_model_folder, check_writable, refuse_overlap
+    from quantkit.fsutil import (
+        check_cache_writable,
+        check_model_folder,
+        check_output_file,
+        check_writable,
+        refuse_overlap,
+    )
 
     check_model_folder(model)  # before torch is imported, and hours of measuring
     cache = cache_dir or default_cache_dir()
     refuse_overlap(cache, {"model folder": model, "calibration set": calib}, option="--cache-dir")
     check_cache_writable(cache)
     if output is not None:
-        refuse_overlap(output, {"model folder": model, "calibration set": calib, "feature cache": cache})
+        inputs = {"model folder": model, "calibration set": calib, "feature cache": cache}
         check_writable(output, kind="file")
+        check_output_file(output, force, inputs, option="--output")
 
     from quantkit.models.adapters import adapter_for
     from quantkit.models.inputs import processor_capabilities

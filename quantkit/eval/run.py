@@ -23,7 +23,7 @@ from quantkit.eval.backends import BACKENDS, HarnessRun, run_hf, run_in_environm
 from quantkit.eval.compare import DEFAULT_MAX_LOSS, Comparison, compare, scores_from_results
 from quantkit.eval.report import write_results
 from quantkit.eval.tasks import task_catalog
-from quantkit.fsutil import refuse_overlap
+from quantkit.fsutil import refuse_overlap, within
 
 
 @dataclass
@@ -111,6 +111,20 @@ def check_inputs(
     return original, [_check_model_folder(c, "checkpoint") for c in checkpoints]
 
 
+def refuse_writing_the_original(original: Path, checkpoints: Sequence[Path]) -> None:
+    """eval.json and a README section go into each checkpoint: none may be the original model,
+    hold it, or lie inside it (the one overlap rule, quantkit.fsutil.refuse_overlap)."""
+    for checkpoint in checkpoints:
+        if within(checkpoint, original) and within(original, checkpoint):
+            raise InputError(
+                "the original model is among the checkpoints: eval writes its results into each "
+                "checkpoint and never into the original",
+                path=checkpoint,
+                hint="pass the original once, first, and only quantized checkpoints after it",
+            )
+        refuse_overlap(checkpoint, {"original model": original}, option="checkpoint")
+
+
 def harness_versions() -> dict[str, str | None]:
     versions = {}
     for name in ("lm_eval", "transformers", "torch", "compressed-tensors"):
@@ -187,6 +201,8 @@ def evaluate_checkpoints(
         {"original model": original, "checkpoint": checkpoints, "task folder": include_paths},
         option="--cache-dir",
     )
+    if write:
+        refuse_writing_the_original(original, checkpoints)
     python = None
     if backend == "vllm":
         python, why = vllm_status()

@@ -37,7 +37,13 @@ from quantkit.features.processor import (
     prepare_samples,
     processor_fingerprint,
 )
-from quantkit.fsutil import atomic_output_dir, check_model_folder, check_output_free, refuse_overlap
+from quantkit.fsutil import (
+    atomic_output_dir,
+    check_model_folder,
+    check_output_free,
+    output_lock,
+    refuse_overlap,
+)
 from quantkit.models.adapters import Adapter, adapter_for, model_architecture
 from quantkit.models.inputs import Sample
 from quantkit.models.loading import saved_dtype, set_saved_dtype, unfuse_experts, unfuse_experts_on_meta
@@ -71,7 +77,7 @@ from quantkit.quantize.distributed import (
 from quantkit.quantize.pipelines import run_oneshot
 from quantkit.quantize.plan import ExpandedTree, LayerKinds, expand_targets, memory_plan, reduced_tree
 from quantkit.quantize.probe import CalibrationProbe
-from quantkit.quantize.scales import check_scales
+from quantkit.quantize.scales import check_scales, check_source_weights
 from quantkit.quantize.spill import spilled_activations
 from quantkit.quantize.token_weights import sample_weights, weights_summary, with_token_weights
 from quantkit.recipes import Recipe, build_modifiers, resolved_scheme
@@ -666,7 +672,15 @@ def quantize(
                 "offload folder": offload_folder,
             },
         )
-        refuse_overlap(cache_dir, {"model folder": model_dir}, option="--cache-dir")
+        refuse_overlap(
+            cache_dir,
+            {
+                "model folder": model_dir,
+                "calibration set": (calib_info or {}).get("path"),
+                "media folder": media_folders(samples),
+            },
+            option="--cache-dir",
+        )
         if recipe.needs_data and not samples:
             raise InputError(f"recipe {recipe.name!r} needs calibration samples and none were given")
         if avg_bits is not None and table is None and not samples:
@@ -685,6 +699,8 @@ def quantize(
         )
         check_output_free(output, force, need_bytes=planned.checkpoint_bytes)
         context = distributed or init_distributed()
+        if context is None or context.is_main:  # the rank that writes holds the output
+            cleanup.enter_context(output_lock(output))
         if context is not None:
             refuse_shared_weight_smoothing(recipe)
         if context is not None and recipe.needs_data:
@@ -716,6 +732,7 @@ def quantize(
             offload_folder=offload_folder,
             max_cpu_memory=max_cpu_memory,
         )
+        check_source_weights(model, model_dir)
         unfuse_experts(model)
         targets = resolve_targets(model, adapter)
         # Group size and layers no group size fits, and the budget they alone take: before any work.

@@ -55,3 +55,25 @@ def check_scales(model: torch.nn.Module) -> int:
             hint="calibration went wrong (see the calibration counts); nothing was written",
         )
     return checked
+
+
+def check_source_weights(model: torch.nn.Module, model_dir) -> None:
+    """Refuse (InputError, exit 2) a source model with a NaN or infinite weight, naming the tensor,
+    before calibration: no calibration data can repair it, and quantizing it would end in
+    non-finite scales blamed on the data. Offloaded (meta) tensors are not read here."""
+    from quantkit.errors import InputError
+
+    bad: list[str] = []
+    for name, tensor in model.named_parameters():  # buffers may hold -inf masks by design
+        if tensor.device.type == "meta" or not tensor.is_floating_point():
+            continue
+        count = int((~torch.isfinite(tensor.detach())).sum())
+        if count:
+            bad.append(f"{name} ({count} of {tensor.numel()} values)")
+    if bad:
+        shown = "; ".join(bad[:SHOWN]) + (f" ... and {len(bad) - SHOWN} more" if len(bad) > SHOWN else "")
+        raise InputError(
+            f"the model's weights hold non-finite values (NaN or infinity): {shown}",
+            path=model_dir,
+            hint="the model files are broken: download or export the model again",
+        )

@@ -616,6 +616,10 @@ def build_checkpoints(
     refuse_overlap(output_root, {"model folder": model_dir, "calibration set": calib}, option="--output-root")
     check_model_folder(model_dir)
     check_writable(output_root, option="--output-root", kind="folder")
+    if vllm:  # asked for and cannot run: exit 2 before any quantize
+        from quantkit.verify.vllm_check import require_vllm_python
+
+        require_vllm_python("--vllm")
     table = load_targets(targets_file)
     chosen = [table.get(name) for name in dict.fromkeys(target_names)]
     eval_names = resolve_eval_tasks(model_dir, eval_tasks)
@@ -952,7 +956,7 @@ class _Run:
 
     def _quantize_and_verify(self, entry: CheckpointBuild, recipe, checkpoint: Path, avg_bits: float | None):
         from quantkit.quantize import quantize
-        from quantkit.verify import verify_checkpoint
+        from quantkit.verify import VLLM_ACCEPTED, verify_checkpoint
         from quantkit.verify.drift import ANSWER_SCOPE
 
         started = time.perf_counter()
@@ -998,7 +1002,7 @@ class _Run:
                 entry.reasons += [f"drift: {b}" for b in verified.drift.breaches]
             if verified.vllm is not None:
                 entry.vllm = verified.vllm.status
-                if verified.vllm.status == "failed":
+                if verified.vllm.status not in VLLM_ACCEPTED:
                     entry.reasons.append(f"vllm: {verified.vllm.reason}")
         except QuantkitError as error:  # one candidate's failure must not lose the others
             entry.status = "error"

@@ -13,7 +13,7 @@ from quantkit.fsutil import check_model_folder, check_writable, refuse_overlap, 
 from quantkit.verify.audit import FILES_CHECK, AuditResult, audit_checkpoint
 from quantkit.verify.drift import DriftReport, DriftThresholds, measure_drift
 from quantkit.verify.serve import ServeCheck, check_port, check_served, serve_python
-from quantkit.verify.vllm_check import VllmCheck, check_with_vllm
+from quantkit.verify.vllm_check import VllmCheck, check_with_vllm, require_vllm_python
 
 __all__ = [
     "AuditResult",
@@ -31,6 +31,7 @@ __all__ = [
 ]
 
 VERIFY_FILE = "verify.json"
+VLLM_ACCEPTED = ("passed", "skipped")  # a vLLM / serve status that does not fail verification
 
 
 @dataclass
@@ -46,12 +47,13 @@ class VerifyReport:
 
     @property
     def passed(self) -> bool:
-        """Everything that ran passed; a vLLM check skipped for a missing kernel is not a failure."""
+        """Everything that ran passed; a vLLM check skipped for a missing kernel is not a failure,
+        one that could not run at all (no vLLM environment: "unavailable") is."""
         return (
             self.audit.passed
             and (self.drift is None or self.drift.passed)
-            and (self.vllm is None or self.vllm.status != "failed")
-            and (self.serve is None or self.serve.status != "failed")
+            and (self.vllm is None or self.vllm.status in VLLM_ACCEPTED)
+            and (self.serve is None or self.serve.status in VLLM_ACCEPTED)
         )
 
     def to_dict(self) -> dict:
@@ -119,8 +121,10 @@ def verify_checkpoint(
         if not serve:
             raise InputError("--port is the --serve check's port", hint="add --serve, or drop --port")
         check_port(serve_port)
+    if vllm:  # no vLLM environment: bad input, before the audit and drift
+        require_vllm_python("--vllm")
     if serve:
-        serve_python()  # no vLLM environment: bad input, before the audit and drift
+        serve_python()
     target = Path(report_path) if report_path is not None else checkpoint / VERIFY_FILE
     refuse_overlap(
         target,

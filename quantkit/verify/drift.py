@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -65,13 +66,31 @@ class DriftThresholds:
         found: list[str] = []
         if not self.judges(group):
             return found
-        if group.kl > self.max_kl:
+        # Written as "not within" so that a NaN (every comparison with it is false) is a breach.
+        if not group.kl <= self.max_kl:
             found.append(f"KL {group.kl:.4f} > {self.max_kl}")
-        if group.top1 < self.min_top1:
+        if not group.top1 >= self.min_top1:
             found.append(f"top-1 agreement {group.top1:.3f} < {self.min_top1}")
-        if group.cosine < self.min_cosine:
+        if not group.cosine >= self.min_cosine:
             found.append(f"logit cosine {group.cosine:.4f} < {self.min_cosine}")
         return found
+
+
+def nonfinite_metrics(report: DriftReport) -> list[str]:
+    """Every group and sample with a NaN or infinite metric (non-finite logits): a failure with
+    thresholds or without, judged or not (a NaN compares false with any threshold)."""
+    found = []
+    groups = [("overall", report.overall), *(("modality", g) for g in report.by_modality)]
+    groups += [("task", g) for g in report.by_task]
+    for kind, group in groups:
+        bad = [m for m in METRICS if not math.isfinite(getattr(group, m))]
+        if bad:
+            found.append(f"{kind} {group.name}: non-finite {', '.join(bad)} (the logits hold NaN or infinity)")
+    for sample in report.samples:
+        bad = [m for m in (*METRICS, "entropy") if not math.isfinite(getattr(sample, m))]
+        if bad:
+            found.append(f"sample {sample.id}: non-finite {', '.join(bad)}")
+    return found
 
 
 @dataclass
@@ -123,7 +142,7 @@ class DriftReport:
 
     @property
     def passed(self) -> bool:
-        return not self.breaches
+        return not self.breaches and not nonfinite_metrics(self)
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -512,6 +531,7 @@ def measure_drift(
     )
     if thresholds is not None:
         judge_groups(report, thresholds)
+    report.breaches += nonfinite_metrics(report)
     return report
 
 

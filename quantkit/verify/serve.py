@@ -34,13 +34,12 @@ from pathlib import Path
 
 from quantkit.errors import InputError
 from quantkit.verify.vllm_check import (
-    REPO_VENV,
     WORKER,
     classify_failure,
     failed_reason,
     missing_kernel,
+    require_vllm_python,
     shipped_schemes,
-    vllm_python,
 )
 
 MODALITIES = ("text", "image", "audio", "video")
@@ -110,17 +109,8 @@ def check_port(port: int) -> None:
 
 
 def serve_python() -> Path:
-    """The vLLM environment's interpreter; InputError when there is none (an explicit --serve
-    cannot be answered without it, unlike --vllm's 'unavailable')."""
-    python = vllm_python()
-    if python is None:
-        configured = os.environ.get("QUANTKIT_VLLM_PYTHON")
-        missing = f"$QUANTKIT_VLLM_PYTHON={configured}" if configured else str(REPO_VENV)
-        raise InputError(
-            f"--serve needs the vLLM environment, and {missing} does not exist",
-            hint="run `make vllm-env`",
-        )
-    return python
+    """The vLLM environment's interpreter for --serve (see vllm_check.require_vllm_python)."""
+    return require_vllm_python("--serve")
 
 
 def _data_url(path: Path, mime: str) -> str:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from quantkit.errors import InputError
 from quantkit.models.inputs import Sample, processor_capabilities, processor_inputs
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -163,6 +164,21 @@ def vllm_python() -> Path | None:
     if configured:
         return Path(configured) if Path(configured).exists() else None
     return REPO_VENV if REPO_VENV.exists() else None
+
+
+def require_vllm_python(option: str) -> Path:
+    """The vLLM environment's interpreter for a check asked for with ``option`` (--vllm, --serve);
+    InputError (exit 2) when there is none: a check that was asked for and cannot run is never a
+    pass."""
+    python = vllm_python()
+    if python is None:
+        configured = os.environ.get("QUANTKIT_VLLM_PYTHON")
+        missing = f"$QUANTKIT_VLLM_PYTHON={configured}" if configured else str(REPO_VENV)
+        raise InputError(
+            f"{option} needs the vLLM environment, and {missing} does not exist",
+            hint="run `make vllm-env` (or point $QUANTKIT_VLLM_PYTHON at its python), or drop " + option,
+        )
+    return python
 
 
 # How far, in nats under transformers (teacher-forced), each vLLM token may lie below transformers'
