@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -104,15 +105,48 @@ def _flush_c_stdio() -> None:
         pass
 
 
-def _open_log(log: Path) -> tuple[Path, IO[str]] | None:
-    """``log`` opened for appending (its folder made); where that folder is not writable (a
-    read-only checkpoint's), the user's log in the temporary folder."""
+@dataclass
+class _Log:
+    """The open log and what opening it changed, so that a run that logged nothing leaves nothing
+    (a failed command's output folder stays as it was)."""
+
+    path: Path
+    handle: IO[str]
+    size_before: int
+    size_after_header: int
+    made: list[Path]  # folders made for it, deepest first
+
+    def close(self, *, keep_header: bool) -> None:
+        self.handle.close()
+        with suppress(OSError):
+            if keep_header or self.path.stat().st_size != self.size_after_header:
+                return
+            if self.size_before:
+                os.truncate(self.path, self.size_before)
+                return
+            self.path.unlink()
+            for folder in self.made:
+                folder.rmdir()
+
+
+def _open_log(log: Path, header: str) -> _Log | None:
+    """``log`` opened for appending, with the run's header (its folders made); where that folder
+    is not writable (a read-only checkpoint's), the user's log in the temporary folder."""
     for path in (log, Path(tempfile.gettempdir()) / f"quantkit-{os.getuid()}.log"):
+        made = [folder for folder in path.parents if not folder.exists()]
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            return path, open(path, "a", encoding="utf-8", errors="replace", buffering=1)  # noqa: SIM115
+            size_before = path.stat().st_size if path.exists() else 0
+            handle = open(path, "a", encoding="utf-8", errors="replace", buffering=1)  # noqa: SIM115
         except OSError:
             continue
+        try:
+            handle.write(header)
+            handle.flush()
+        except OSError:  # a full disk
+            handle.close()
+            continue
+        return _Log(path, handle, size_before, size_before + len(header.encode()), made)
     return None
 
 
@@ -126,12 +160,13 @@ def library_output_to(log: Path, command_line: str) -> Iterator[None]:
     inherited = bool(os.environ.get(LOG_ENV))
     if inherited:
         log = Path(os.environ[LOG_ENV])
-    opened = _open_log(log)
+    opened = _open_log(
+        log, f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: {command_line}\n"
+    )
     if opened is None:  # nowhere writable: the output streams, as with -v
         yield
         return
-    log, handle = opened
-    handle.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: {command_line}\n")
+    log, handle = opened.path, opened.handle
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     terminal_out, opened_out = _terminal_stream(sys.stdout, 1)
@@ -167,7 +202,7 @@ def library_output_to(log: Path, command_line: str) -> Iterator[None]:
             os.close(copy)
         sys.stdout, sys.stderr = streams
         console.file = err_console.file = None  # back to following sys.stdout / sys.stderr
-        for stream, opened in ((terminal_out, opened_out), (terminal_err, opened_err)):
-            if opened:
+        for stream, ours in ((terminal_out, opened_out), (terminal_err, opened_err)):
+            if ours:
                 stream.close()
-        handle.close()
+        opened.close(keep_header=inherited)  # ranks append to one log at once: sizes tell nothing
