@@ -50,9 +50,10 @@ def _show_notes() -> None:
         logger.propagate = False
 
 
-# The commands that run other libraries (the listings do not): their output goes to quantkit.log
-# in the folder that holds what the command writes, the first of these parameters it was given
-# (eval's and verify's results go into the checkpoint folders); else the current folder.
+# The commands that run other libraries (the listings do not; "build" is also `zoo build`): their
+# output goes to quantkit.log in the folder that holds what the command writes, the first of these
+# parameters it was given (eval's and verify's results go into the checkpoint folders); else the
+# current folder.
 LOGGED_COMMANDS = {"calibrate", "quantize", "build", "verify", "eval", "sensitivity", "demo-pool"}
 WRITES_TO = ("report_path", "output_root", "output", "checkpoint", "checkpoints")
 
