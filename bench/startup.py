@@ -108,7 +108,8 @@ def heavy_imports(args: list[str], code: Path, pycache: Path, cached: bool = Tru
         [sys.executable, "-X", "importtime", *args],
         capture_output=True,
         text=True,
-        env=bytecode_env(code, pycache, cached),
+        # the report goes to stderr, which a command otherwise sends to quantkit.log
+        env={**bytecode_env(code, pycache, cached), "QUANTKIT_VERBOSE": "1"},
         cwd=code,
         check=False,
     )

@@ -5,17 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-_console = Console(stderr=True)
+from quantkit.terminal import progress
 
 
 def _noop() -> None:
@@ -28,13 +20,8 @@ def sample_bar(description: str, total: int, *, enabled: bool = True) -> Iterato
     if not enabled:
         yield _noop
         return
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=_console,
-        transient=False,
+    with progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
     ) as bar:
         task = bar.add_task(description, total=total)
         yield lambda: bar.advance(task)
@@ -46,13 +33,11 @@ def calibration_spinner(description: str, *, enabled: bool = True) -> Iterator[C
     if not enabled:
         yield _noop
         return
-    with Progress(
+    with progress(
         SpinnerColumn(),
         TextColumn("{task.description}"),
         TextColumn("[dim]{task.completed} decoder-layer calls"),
         TimeElapsedColumn(),
-        console=_console,
-        transient=False,
     ) as spinner:
         task = spinner.add_task(description, total=None)
         yield lambda: spinner.advance(task)

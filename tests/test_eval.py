@@ -336,3 +336,28 @@ def test_harness_in_another_interpreter_gives_the_same_numbers(qwen3_pair, tmp_p
     assert {s.key: s.value for s in scores_from_results(there.results)} == {
         s.key: s.value for s in scores_from_results(here.results)
     }
+
+
+def test_columns_name_each_checkpoint_by_its_recipe(qwen3_pair, tmp_path):
+    """Folder names that share a long prefix were cut into identical headers ("tiny-qwen3-qu…");
+    each column is named by its checkpoint's recipe, whole, and the path is given under the table."""
+    from quantkit.cli import app
+    from quantkit.quantize import quantize
+    from quantkit.recipes import resolve_recipe
+
+    original, fp8 = qwen3_pair
+    prefix = "tiny-qwen3-quantized-for-the-serving-fleet-"
+    dynamic = shutil.copytree(fp8, tmp_path / f"{prefix}fp8-dynamic")
+    block = tmp_path / f"{prefix}fp8-block"
+    quantize(original, block, resolve_recipe("fp8-block"), [], progress=False)
+    result = runner.invoke(
+        app,
+        ["eval", str(original), str(dynamic), str(block), "--tasks", "quantkit_prose_ppl", "--limit", "2",
+         "--cache-dir", str(tmp_path / "c")],  # fmt: skip
+        env={"COLUMNS": "100"},
+    )
+    assert result.exit_code == 0, result.output
+    header = result.output[result.output.index("┏") : result.output.index("┡")]  # the header rows
+    assert "#1 fp8-dynamic" in header and "#2 fp8-block" in header, result.output
+    assert "…" not in header and prefix not in header
+    assert f"#1 {dynamic}" in result.output.replace("\n", "") and f"#2 {block}" in result.output.replace("\n", "")

@@ -129,3 +129,35 @@ def test_zoo_build_restores_the_committed_weights_with_skills_json(tmp_path):
     payload = json.loads((out / "eval.json").read_text())
     assert payload["kind"] == "skills" and {r["task"] for r in payload["rows"]} == {"arithmetic", "caption"}
     assert "Evaluation: per-task skills" in (out / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_per_task_table_names_each_checkpoint_by_its_recipe(tmp_path):
+    """`quantkit eval ORIG CKPT... --tasks skills` (the demo's last table): checkpoint folders that
+    share a long prefix ("tiny-omni-skills-...") were all headed "tiny-omni-sk…"; each column is
+    now its checkpoint's recipe, whole, with the folder under the table."""
+    from typer.testing import CliRunner
+
+    from quantkit.cli import app
+    from quantkit.quantize import quantize
+    from quantkit.recipes import resolve_recipe
+    from quantkit.zoo.models import build_zoo_model
+
+    if skills.committed_weights() is None:
+        pytest.skip("no trained tiny-omni-skills weights are committed")
+    original = build_zoo_model("tiny-omni-skills", tmp_path / "tiny-omni-skills")
+    prefix = "tiny-omni-skills-checkpoint-for-the-serving-fleet-"
+    checkpoints = [tmp_path / f"{prefix}{name}" for name in ("fp8-dynamic", "fp8-block")]
+    for folder in checkpoints:
+        quantize(original, folder, resolve_recipe(folder.name.removeprefix(prefix)), [], progress=False)
+    result = CliRunner().invoke(
+        app,
+        ["eval", str(original), *map(str, checkpoints), "--tasks", "skills", "--limit", "2", "--max-loss", "100"],
+        env={"COLUMNS": "160"},
+    )
+    assert result.exit_code == 0, result.output
+    header = result.output[result.output.index("┏") : result.output.index("┡")]  # the header rows
+    assert "#1 fp8-dynamic" in header and "#2 fp8-block" in header, result.output
+    assert "…" not in header and prefix not in header
+    flat = result.output.replace("\n", "")
+    assert all(f"#{i} {folder}" in flat for i, folder in enumerate(checkpoints, 1)), result.output

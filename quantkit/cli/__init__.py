@@ -5,12 +5,11 @@ from __future__ import annotations
 import functools
 import gc
 import importlib
-import os
 import sys
 
 import typer
 
-from quantkit.cli._common import QuantkitGroup
+from quantkit.cli._common import QuantkitCommand, QuantkitGroup, with_verbose
 
 # name -> (module under quantkit.cli, function), in the order `quantkit --help` lists them; "zoo"
 # (a group of its own) comes first. A call imports and builds only its own command's module.
@@ -52,7 +51,7 @@ def make_app(only: str | None = None) -> typer.Typer:
         app.add_typer(_command("zoo", "app"), name="zoo")
     for name, (module, function) in COMMANDS.items():
         if only is None or only == name:
-            app.command(name)(_command(module, function))
+            app.command(name, cls=QuantkitCommand)(with_verbose(_command(module, function)))
     if only is not None:
         app.callback()(lambda: None)  # still a group of one: `quantkit NAME ...`, as with all
     return app
@@ -64,18 +63,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _quiet_libraries() -> None:
-    """Library chatter (llmcompressor's INFO lines, per-file progress bars) buries quantkit's own
-    tables; QUANTKIT_VERBOSE=1 keeps it."""
-    if os.environ.get("QUANTKIT_VERBOSE"):
-        return
-    os.environ.setdefault("LLM_COMPRESSOR_LOG_LEVEL", "WARNING")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-
-
 def main() -> None:
-    _quiet_libraries()
     name = sys.argv[1] if len(sys.argv) > 1 else None
     try:
         make_app(name if name in COMMANDS or name == "zoo" else None)()

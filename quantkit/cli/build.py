@@ -147,9 +147,13 @@ def build(
 
 
 def print_build_summary(report) -> None:
+    from quantkit.export.metadata import recipe_label  # torch is loaded by the build already
+
+    # what names a row (targets, recipe) folds in a narrow terminal; it is never cut
     table = Table(title="Build summary")
-    table.add_column("targets")
-    for header in ("recipe", "avg bits", "status", "size", "KL", "top-1", "vLLM", "s"):
+    table.add_column("targets", overflow="fold")
+    table.add_column("recipe", overflow="fold")
+    for header in ("avg bits", "status", "size", "KL", "top-1", "vLLM", "s"):
         table.add_column(header, no_wrap=True)
     for c in report.checkpoints:
         colour = "green" if c.ok else "red"
@@ -168,7 +172,8 @@ def print_build_summary(report) -> None:
     console.print(table)
     targets = Table(title="Targets (accuracy gate)")
     for header in ("target", "budget", "status", "kept", "worst task", "loss", "candidates tried"):
-        targets.add_column(header, no_wrap=True)
+        names = header in ("target", "kept")
+        targets.add_column(header, overflow="fold" if names else "ellipsis", no_wrap=not names)
     for t in report.targets:
         kept = next((s for s in t.chain if s.verdict == "kept"), None)
         colour = "green" if t.ok else "red"
@@ -176,7 +181,7 @@ def print_build_summary(report) -> None:
             t.name,
             budget_text(t),
             f"[{colour}]{t.status}[/]",
-            (kept.recipe + ("" if kept.avg_bits is None else f" @{kept.avg_bits:g}")) if kept else "-",
+            recipe_label(kept.recipe, kept.avg_bits) if kept else "-",
             (kept.worst_task or "-") if kept else "-",
             format_loss(kept.worst_loss, kept.worst_task) if kept else "-",
             str(len(t.chain)),
@@ -199,6 +204,8 @@ def print_build_summary(report) -> None:
 
 def print_chain(built) -> None:
     """Every candidate a target tried: recipe, avg bits, size, worst task and its loss, verdict."""
+    from quantkit.export.metadata import recipe_label  # torch is loaded by the build already
+
     title = f"Target {built.name}: candidates tried (budget {budget_text(built)} per task)"
     table = Table(title=title)
     for header in ("#", "recipe", "avg bits", "size", "worst task", "loss", "verdict", "cached", "why tried"):
@@ -218,7 +225,7 @@ def print_chain(built) -> None:
         )
     console.print(table)
     for step in built.chain:
-        name = f"{step.recipe}{'' if step.avg_bits is None else f' @{step.avg_bits:g}'}"
+        name = recipe_label(step.recipe, step.avg_bits)
         for line in (step.size_unknown, step.detail):
             if line:
                 console.print(f"  {name}: {line}")

@@ -9,6 +9,7 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from quantkit import terminal
 from quantkit.cli._common import Force, Seed, console, err_console
 from quantkit.errors import InputError
 
@@ -164,13 +165,8 @@ def calibrate(
         dry_run=dry_run,
     )
     total = sum(p.stat().st_size for p in pools if p.is_file())
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
+    with terminal.progress(
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeElapsedColumn(), transient=True
     ) as progress:
         bar = progress.add_task("reading pool", total=total or None)
         advance = _Advance(progress, bar)

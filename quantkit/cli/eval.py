@@ -117,22 +117,44 @@ def _skills(original: Path, checkpoints: list[Path], *, limit: int | None, max_l
         max_loss=max_loss,
         log=lambda message: err_console.print(f"[dim]scored {message}[/]"),
     )
-    columns = ["group", "task", "metric", "original"]
-    for index, result in enumerate(report.checkpoints, 1):
-        columns += [f"#{index} {Path(result.model_dir).name}", "recovery"]
-    table = Table(*columns, title=f"Per-task accuracy, {report.items} held-out items per task (allowed loss {max_loss}%)")
+    # one column per checkpoint, score and recovery in one cell: the demo compares six side by side
+    columns = [Column(name, overflow="fold") for name in ("group", "task", "metric", "original")]
+    columns += checkpoint_headers([Path(r.model_dir) for r in report.checkpoints])
+    title = (
+        f"Per-task accuracy and recovery, {report.items} held-out items per task (allowed loss {max_loss}%)"
+    )
+    table = Table(*columns, title=title)
     for row in report.rows():
         cells = [row["group"], row["task"], row["metric"], f"{row['original']:.3f}"]
         for cell in row["checkpoints"]:
             rec = cell["recovery_pct"]
             ok = rec is None or rec >= 100.0 - max_loss
             colour = "green" if ok else "red"
-            cells += [f"{cell['score']:.3f}", f"[{colour}]{'n/a' if rec is None else f'{rec:.1f}%'}[/]"]
+            cells.append(f"{cell['score']:.3f} [{colour}]{'n/a' if rec is None else f'{rec:.1f}%'}[/]")
         table.add_row(*cells)
     console.print(table)
+    for index, result in enumerate(report.checkpoints, 1):
+        console.print(f"#{index} {result.model_dir}", soft_wrap=True)
     if not report.passed:
         names = ", ".join(c.model_dir for c in report.checkpoints if not report.within(c))
         raise CheckFailed(f"a task lost more than {max_loss}% on {names}", hint="see the table above and eval.json")
+
+
+def checkpoint_headers(checkpoints: list[Path]) -> list[Column]:
+    """One column header per checkpoint: ``#N`` and its recipe (quantkit.json), which tells columns
+    apart where folder names share a long prefix; the folder's name is added where two checkpoints
+    share a recipe. Folded, never cut, when the terminal is narrow; ``#N`` is the line under the
+    table that gives the checkpoint's path."""
+    from quantkit.export.metadata import checkpoint_label  # torch is loaded by the scoring already
+
+    labels = [checkpoint_label(path) for path in checkpoints]
+    headers = []
+    for index, (path, label) in enumerate(zip(checkpoints, labels, strict=True), 1):
+        if labels.count(label) > 1 and label != path.name:
+            label = f"{label} ({path.name})"
+        header = f"#{index} {label}"
+        headers.append(Column(header, overflow="fold", min_width=min(len(header), 16)))
+    return headers
 
 
 def _fmt(value: float | None) -> str:
@@ -143,11 +165,8 @@ def _fmt(value: float | None) -> str:
 
 def print_eval_report(report) -> None:
     columns = [Column("task", overflow="fold"), Column("metric", overflow="fold"), "original"]
-    for index, result in enumerate(report.checkpoints, 1):
-        name = (
-            result.checkpoint.name if len(report.checkpoints) == 1 else f"#{index} {result.checkpoint.name}"
-        )
-        columns += [Column(name, overflow="fold"), Column("recovery", no_wrap=True)]
+    for header in checkpoint_headers([result.checkpoint for result in report.checkpoints]):
+        columns += [header, Column("recovery", no_wrap=True)]
     table = Table(
         *columns, title=f"Recovery vs {report.original.model_dir} (allowed loss {report.max_loss}%)"
     )

@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from quantkit import terminal
 from quantkit.cli._common import AdapterFile, FeatureCache, Force, OutputDir, SubsampleSeed, console
 
 
@@ -307,7 +308,9 @@ def quantize(
         )
         console.print(f"starting {nproc} ranks: torch.distributed.run --nproc-per-node={nproc}")
         console.file.flush()  # before the ranks write to the same stream
-        code = subprocess.call(relaunch_command(nproc, argv))
+        # torchrun's own log and the ranks' library output go where ours does (quantkit.log,
+        # unless verbose); rank 0's tables and progress still reach the terminal
+        code = subprocess.call(relaunch_command(nproc, argv), stdout=terminal.child_stdout())
         raise typer.Exit(code if code in (0, 1, 2) else 1)
     main_rank = os.environ.get("RANK", "0") == "0"
 

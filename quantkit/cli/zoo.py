@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from quantkit.cli._common import Force, OutputDir, Seed, console
+from quantkit.cli._common import Force, OutputDir, QuantkitCommand, Seed, console, with_verbose
 
 app = typer.Typer(
     help="Tiny random-weight models of the supported architectures (nothing is downloaded).",
@@ -31,7 +31,8 @@ def list_models() -> None:
     console.print(table)
 
 
-@app.command("build")
+@app.command("build", cls=QuantkitCommand)
+@with_verbose
 def build(
     name: Annotated[str, typer.Argument(help="Zoo model name; see `quantkit zoo list`.")],
     output: OutputDir,

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quantkit.errors import CheckFailed, InputError
+from quantkit.terminal import pass_on
 
 BACKENDS = ("hf", "vllm")
 WORKER = Path(__file__).with_name("harness_worker.py")
@@ -195,6 +196,7 @@ def run_in_environment(
             )
         except subprocess.TimeoutExpired:
             raise CheckFailed(f"the harness ran past {timeout_s:.0f} s", path=model_dir) from None
+        pass_on(f"lm_eval in the vLLM environment ({Path(model_dir).name})", done.stdout + done.stderr)
         if done.returncode != 0 or not out_path.is_file():
             tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
             raise CheckFailed(f"the harness failed on this model ({model} backend): {tail}", path=model_dir)

@@ -12,7 +12,6 @@ resolve against the current directory, not the YAML's. Before a run quantkit wri
 from __future__ import annotations
 
 import difflib
-import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,13 +98,6 @@ def builtin_task_names() -> list[str]:
     return sorted(names)
 
 
-def quiet_harness() -> None:
-    """The harness logs a warning per task and per model handed over as an object; quantkit
-    prints its own table. QUANTKIT_VERBOSE=1 keeps the harness's log."""
-    if not os.environ.get("QUANTKIT_VERBOSE"):
-        logging.getLogger("lm_eval").setLevel(logging.ERROR)
-
-
 @dataclass
 class TaskCatalog:
     """The harness's task index over its own tasks, quantkit's and the user's folders."""
@@ -172,7 +164,6 @@ def task_catalog(
         if not path.is_dir():
             raise InputError("--include-path must be a folder of task YAMLs", path=path)
     rendered, data = render_builtin_tasks(cache_dir)
-    quiet_harness()
     from lm_eval.tasks import TaskManager
 
     all_paths = [rendered, *(p.resolve() for p in paths)]

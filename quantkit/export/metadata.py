@@ -44,3 +44,19 @@ def write_metadata(directory: Path, metadata: dict) -> Path:
 
 def read_metadata(directory: Path) -> dict:
     return json.loads((Path(directory) / METADATA_FILE).read_text(encoding="utf-8"))
+
+
+def recipe_label(recipe: str, avg_bits: float | None) -> str:
+    """How tables name a checkpoint's recipe: ``w4a16``, or ``w4a16 @4.5`` under an --avg-bits budget."""
+    return recipe if avg_bits is None else f"{recipe} @{avg_bits:g}"
+
+
+def checkpoint_label(directory: Path) -> str:
+    """What tells a checkpoint apart in a table: its recipe label from quantkit.json; the folder's
+    name for one quantkit did not write."""
+    try:
+        metadata = read_metadata(directory)
+        recipe = metadata["recipe"]["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return Path(directory).name
+    return recipe_label(recipe, (metadata.get("precision") or {}).get("avg_bits_requested"))

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from quantkit.errors import InputError
+from quantkit.terminal import pass_on
 from quantkit.verify.vllm_check import (
     WORKER,
     classify_failure,
@@ -335,6 +336,8 @@ def _worker(python: Path, mode: str, request: dict, folder: Path, timeout: float
         except subprocess.TimeoutExpired:
             return {"status": "error", "stage": mode, "error_type": "Timeout",
                     "message": f"the {mode} run did not finish in {timeout:.0f} s"}  # fmt: skip
+        finally:
+            pass_on(f"vLLM {mode} worker", log.read_text(errors="replace"))
     try:
         result = json.loads(answer.read_text()) if answer.is_file() else None
     except (OSError, ValueError):
@@ -453,6 +456,7 @@ def check_served(
             if attempt == 1:  # the free port we picked was taken in between: once more, on another
                 check.port = free_port()
         server_log = log.read_text(errors="replace") if log.is_file() else ""
+        pass_on("vllm serve", server_log)
         if served.get("status") == "ok":
             offline = _worker(python, "chat", request, folder, ready_timeout)
         else:

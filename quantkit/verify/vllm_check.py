@@ -21,6 +21,7 @@ import numpy as np
 
 from quantkit.errors import InputError
 from quantkit.models.inputs import Sample, processor_capabilities, processor_inputs
+from quantkit.terminal import pass_on
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 REPO_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
@@ -366,6 +367,8 @@ def check_with_vllm(
                 )
         except subprocess.TimeoutExpired:
             return VllmCheck(str(checkpoint), "failed", f"vLLM did not finish in {timeout:.0f} s")
+        finally:
+            pass_on(f"vLLM worker ({checkpoint.name})", log.read_text(errors="replace"))
         answer_path = folder / "answer.json"
         if not answer_path.exists():
             tail = log.read_text(errors="replace")[-1500:]
