@@ -39,7 +39,10 @@ def build(
     force: Force = False,
     steps: Annotated[
         int | None,
-        typer.Option(help="tiny-omni-skills only: training steps (default: those of the committed weights)."),
+        typer.Option(
+            help="tiny-omni-skills and smol-omni-skills only: training steps (per stage for smol-omni-skills; "
+            "default: restore the committed weights)."
+        ),
     ] = None,
 ) -> None:
     """Write a tiny model folder (config, bf16 safetensors, tokenizer, processor) that

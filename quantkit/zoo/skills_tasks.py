@@ -265,16 +265,26 @@ def make_items(task: str, count: int, seed: int) -> list[Item]:
     return [TASKS_BY_NAME[task].make(rng) for _ in range(count)]
 
 
-def skills_manifest() -> dict:
-    """What ``skills.json`` holds: each task's prompt template, answer format and metric."""
+MAX_NEW_TOKENS = 32  # greedy decoding budget of an answer (quantkit.eval.skills)
+SUITE = "tiny-omni-skills"
+MEDIA = {
+    "image": "RGB; glyphs and shapes on the 14-pixel patch grid",
+    "video": f"{VIDEO_FPS} fps, 56x56 frames, 3 s; one temporal patch per second",
+    "audio": f"{SAMPLE_RATE} Hz mono; words are tones: {TONE_WORDS} Hz, 0.3 s each, 0.1 s gaps",
+}
+
+
+def skills_manifest(suite=None) -> dict:
+    """What ``skills.json`` holds: the task suite (a module with SUITE, MEDIA, TASKS and make_items;
+    this one by default), each task's prompt template, answer format and metric."""
+    import sys
+
+    suite = suite or sys.modules[__name__]
     return {
         "format": "quantkit-skills/1",
+        "suite": suite.SUITE,
         "chat": "one user turn: the media parts (image, video, audio, in that order), then the prompt text",
-        "media": {
-            "image": "RGB; glyphs and shapes on the 14-pixel patch grid",
-            "video": f"{VIDEO_FPS} fps, 56x56 frames, 3 s; one temporal patch per second",
-            "audio": f"{SAMPLE_RATE} Hz mono; words are tones: {TONE_WORDS} Hz, 0.3 s each, 0.1 s gaps",
-        },
+        "media": suite.MEDIA,
         "tasks": [
             {
                 "name": t.name,
@@ -284,16 +294,24 @@ def skills_manifest() -> dict:
                 "metric": t.metric,
                 "prompt_template": t.template,
                 "answer_format": t.answer_format,
-                "example": _example(t),
+                "example": _example(suite, t.name),
             }
-            for t in TASKS
+            for t in suite.TASKS
         ],
     }
 
 
-def _example(task: Task) -> dict:
-    item = make_items(task.name, 1, seed=12345)[0]
+def _example(suite, task: str) -> dict:
+    item = suite.make_items(task, 1, seed=12345)[0]
     return {"prompt": item.prompt, "answer": item.answer}
+
+
+def suite_module(manifest: dict):
+    """The task module a skills.json names (``tiny-omni-skills`` when it names none)."""
+    import importlib
+
+    modules = {"tiny-omni-skills": "quantkit.zoo.skills_tasks", "smol-omni-skills": "quantkit.zoo.smol_tasks"}
+    return importlib.import_module(modules[manifest.get("suite", SUITE)])
 
 
 def template_fields(template: str) -> list[str]:
