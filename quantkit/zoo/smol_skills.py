@@ -362,7 +362,7 @@ LM_SCHEDULE = ["ocr_table", "grounding", "ocr_digits", "asr", "temporal_groundin
 STAGES = {
     # stage: (schedule, batch, learning rate, warm-up steps, noise on the target embeddings)
     "towers": (TOWER_SCHEDULE, 16, 1e-3, 50, 0.0),
-    "lm": (LM_SCHEDULE, 8, 5e-4, 30, 0.15),
+    "lm": (LM_SCHEDULE, 8, 1e-3, 20, 0.15),
 }
 DECAY_FRACTION = 0.3  # the last part of a run lowers the rate linearly to 5%
 
