@@ -464,7 +464,7 @@ def train(stage: str, steps: int, work: Path, *, seed: int = 0, save_every: int 
     add_lora(model)
     params = trainable(model, stage)
     optimizer = torch.optim.AdamW(params, lr=STAGES[stage][2], weight_decay=0.0)
-    state = {"stage": stage, "seed": seed, "steps": steps, "done": 0, "losses": []}
+    state = {"stage": stage, "seed": seed, "steps": steps, "done": 0, "losses": [], "restarts": []}
     if state_path.exists():
         saved = torch.load(state_path, weights_only=False)
         if (saved["seed"], saved["steps"]) != (seed, steps):
@@ -474,8 +474,15 @@ def train(stage: str, steps: int, work: Path, *, seed: int = 0, save_every: int 
             )
         model.load_state_dict(saved["trainable"], strict=False)
         optimizer.load_state_dict(saved["optimizer"])
-        state = {k: saved[k] for k in state}
+        state = {k: saved[k] for k in state} | {"restarts": saved.get("restarts", [])}
         log(f"{stage}: resumed at step {state['done']}/{steps}")
+    elif (entry := committed_checkpoint(stage, seed, steps)) is not None:
+        load_deltas(model)
+        state |= {"done": entry["completed"], "losses": entry["losses"]}
+        state["restarts"] = [*entry["restarts"], entry["completed"]]
+        log(
+            f"{stage}: continued from the committed checkpoint at step {state['done']}/{steps} (optimizer restarted)"
+        )
     model.train()
     started = time.monotonic()
 
@@ -547,9 +554,11 @@ def input_key(seed: int, steps: dict[str, int], smol_folder: Path) -> str:
     return digest.hexdigest()
 
 
-def save_deltas(work: Path, *, seed: int = 0) -> Path:
+def save_deltas(work: Path, *, seed: int = 0, partial: bool = False) -> Path:
     """Write what training added (towers, LoRA factors; bfloat16) and its record from the stage
-    states in ``work``: the committed files ``build`` restores."""
+    states in ``work``: the committed files ``build`` restores. ``partial`` commits unfinished
+    stages as a checkpoint that ``train`` continues from in another session (its optimizer state
+    is not kept: the record lists the step of each such restart)."""
     from safetensors.torch import save_file
 
     from quantkit.zoo.real import smollm2_folder
@@ -557,14 +566,14 @@ def save_deltas(work: Path, *, seed: int = 0) -> Path:
     tensors, record = {}, {"seed": seed, "stages": {}}
     for stage in STAGES:
         state = torch.load(Path(work) / f"{stage}.pt", weights_only=False)
-        if state["done"] != state["steps"] or state["seed"] != seed:
+        if state["seed"] != seed or (state["done"] != state["steps"] and not partial):
             raise InputError(f"the {stage} stage in {work} is not a finished run of seed {seed}")
         tensors.update({k: v.to(torch.bfloat16).contiguous() for k, v in state["trainable"].items()})
-        losses = state["losses"]
         record["stages"][stage] = {
             "steps": state["steps"],
-            "first_losses": losses[:5],
-            "losses_every_25": losses[24::25],
+            "completed": state["done"],
+            "restarts": state.get("restarts", []),
+            "losses": state["losses"],
         }
     steps = {stage: record["stages"][stage]["steps"] for stage in STAGES}
     record["key"] = input_key(seed, steps, smollm2_folder())
@@ -572,6 +581,17 @@ def save_deltas(work: Path, *, seed: int = 0) -> Path:
     save_file(tensors, str(WEIGHTS))
     RECORD.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     return WEIGHTS
+
+
+def committed_checkpoint(stage: str, seed: int, steps: int) -> dict | None:
+    """The committed record of ``stage`` when it is an unfinished run of (seed, steps)."""
+    if not (RECORD.exists() and WEIGHTS.exists()):
+        return None
+    record = json.loads(RECORD.read_text(encoding="utf-8"))
+    entry = record["stages"].get(stage)
+    if record["seed"] != seed or not entry or entry["steps"] != steps or entry["completed"] >= steps:
+        return None
+    return entry
 
 
 def load_deltas(model, path: Path = WEIGHTS) -> None:
@@ -652,7 +672,7 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("command", choices=["train", "eval"])
+    parser.add_argument("command", choices=["train", "eval", "save"])
     parser.add_argument("--stage", choices=sorted(STAGES), default="towers")
     parser.add_argument("--steps", type=int, default=0)
     parser.add_argument("--work", type=Path, required=True)
@@ -662,6 +682,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--items", type=int, default=16)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.command == "save":
+        print(save_deltas(args.work, seed=args.seed, partial=True))
+        return
     if args.command == "train":
         train(
             args.stage,
