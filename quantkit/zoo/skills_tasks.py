@@ -310,8 +310,10 @@ def suite_module(manifest: dict):
     """The task module a skills.json names (``tiny-omni-skills`` when it names none)."""
     import importlib
 
-    modules = {"tiny-omni-skills": "quantkit.zoo.skills_tasks", "smol-omni-skills": "quantkit.zoo.smol_tasks"}
-    return importlib.import_module(modules[manifest.get("suite", SUITE)])
+    return importlib.import_module(SUITES[manifest.get("suite", SUITE)])
+
+
+SUITES = {"tiny-omni-skills": "quantkit.zoo.skills_tasks", "smol-omni-skills": "quantkit.zoo.smol_tasks"}
 
 
 def template_fields(template: str) -> list[str]:
@@ -321,11 +323,13 @@ def template_fields(template: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------- pool
 
 
-def write_skills_pool(output, *, per_task: int = 16, seed: int = 7, force: bool = False):
+def write_skills_pool(output, *, per_task: int = 16, seed: int = 7, force: bool = False, suite=None):
     """``output/pool.jsonl`` + media in the ms-swift / LLaMA-Factory shape: ``per_task`` items of
-    every skills task (PNG, MP4 at 2 fps, 16-bit WAV), each record's ``task`` its taxonomy family,
-    so that ``quantkit calibrate`` can draw calibration sets from what the model was trained on."""
+    every task of ``suite`` (this module by default; PNG, MP4 at 2 fps, 16-bit WAV), each record's
+    ``task`` its taxonomy family, so that ``quantkit calibrate`` can draw calibration sets from what
+    the model was trained on."""
     import json
+    import sys
     from pathlib import Path
 
     from quantkit.errors import InputError
@@ -334,13 +338,14 @@ def write_skills_pool(output, *, per_task: int = 16, seed: int = 7, force: bool 
 
     if per_task < 1:
         raise InputError(f"--per-task must be at least 1, got {per_task}")
+    suite = suite or sys.modules[__name__]
     output = Path(output)
     with (
         atomic_output_dir(output, force=force) as staging,
         open(staging / "pool.jsonl", "w", encoding="utf-8", newline="\n") as jsonl,
     ):
-        for task in TASKS:
-            for index, item in enumerate(make_items(task.name, per_task, seed=seed)):
+        for task in suite.TASKS:
+            for index, item in enumerate(suite.make_items(task.name, per_task, seed=seed)):
                 record_id = f"{task.name}-{index:04d}"
                 files: dict[str, list[str]] = {"images": [], "videos": [], "audios": []}
                 for k, image in enumerate(item.images):
