@@ -41,7 +41,9 @@ def build(
     steps: Annotated[
         int | None,
         typer.Option(
-            min=1, help="tiny-omni-skills only: training steps (default: those of the committed weights)."
+            min=1,
+            help="tiny-omni-skills and smol-omni-skills only: training steps (per stage for smol-omni-skills; "
+            "default: restore the committed weights).",
         ),
     ] = None,
 ) -> None:
@@ -64,8 +66,12 @@ def demo_pool(
     seed: Seed = 0,
     force: Force = False,
     skills: Annotated[
-        bool, typer.Option("--skills", help="Write tiny-omni-skills' tasks instead (skills.json's tasks).")
+        bool,
+        typer.Option("--skills", help="Write a trained zoo model's tasks instead (its skills.json's tasks)."),
     ] = False,
+    suite: Annotated[
+        str, typer.Option(help="With --skills: whose tasks, tiny-omni-skills or smol-omni-skills.")
+    ] = "tiny-omni-skills",
 ) -> None:
     """Write the built-in demo pool: a JSONL in the ms-swift / LLaMA-Factory format with real
     image, video and audio files made on the spot, covering every task family.
@@ -74,11 +80,17 @@ def demo_pool(
 
         quantkit demo-pool --output demo/pool
         quantkit calibrate demo/pool/pool.jsonl --output demo/calib
+        quantkit demo-pool --skills --suite smol-omni-skills --output demo/smol-pool
     """
     if skills:
-        from quantkit.zoo.skills_tasks import write_skills_pool
+        from quantkit.errors import InputError
+        from quantkit.zoo.skills_tasks import SUITES, suite_module, write_skills_pool
 
-        console.print(f"wrote {write_skills_pool(output, per_task=per_task, seed=seed + 7, force=force)}")
+        if suite not in SUITES:
+            raise InputError(f"unknown --suite {suite!r}", hint=f"choose one of: {', '.join(SUITES)}")
+        module = suite_module({"suite": suite})
+        path = write_skills_pool(output, per_task=per_task, seed=seed + 7, force=force, suite=module)
+        console.print(f"wrote {path}")
         return
     from quantkit.zoo.demo_pool import write_demo_pool
 

