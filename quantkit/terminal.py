@@ -146,7 +146,7 @@ def _open_log(log: Path, header: str) -> _Log | None:
         except OSError:  # a full disk
             handle.close()
             continue
-        return _Log(path, handle, size_before, size_before + len(header.encode()), made)
+        return _Log(path, handle, size_before, size_before + len(header.encode("utf-8", "replace")), made)
     return None
 
 

@@ -228,7 +228,7 @@ def test_a_source_model_with_nan_weights_is_refused_naming_the_tensor(text_model
 
 @pytest.mark.parametrize(
     "option, value, says",
-    [("--max-kl", "0", "KL"), ("--min-top1", "1.01", "top-1"), ("--min-cosine", "1.01", "logit cosine")],
+    [("--max-kl", "0", "KL"), ("--min-top1", "1", "top-1"), ("--min-cosine", "1", "logit cosine")],
 )
 def test_verify_threshold_options_fail_a_checkpoint(
     checkpoint, text_model, text_calib, tmp_path, option, value, says

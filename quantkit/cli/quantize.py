@@ -230,13 +230,13 @@ def quantize(
     refuse_overlap(cache_dir, inputs, option="--cache-dir")
     plan_target = plan_json or output.with_name(output.name + ".plan.json")
     if dry_run:
-        check_writable(plan_target, option="--plan-json" if plan_json else "--output", kind="file")
         check_output_file(
             plan_target,
             force,
             inputs,
             option="--plan-json" if plan_json is not None else "the plan (OUTPUT.plan.json)",
         )
+        check_writable(plan_target, option="--plan-json" if plan_json else "--output", kind="file")
     else:
         check_output_free(output, force)
         if calib is not None:  # (the cache holds calibration samples' processed inputs)

@@ -109,8 +109,8 @@ def sensitivity(
     check_cache_writable(cache)
     if output is not None:
         inputs = {"model folder": model, "calibration set": calib, "feature cache": cache}
-        check_writable(output, kind="file")
         check_output_file(output, force, inputs, option="--output")
+        check_writable(output, kind="file")
 
     from quantkit.models.adapters import adapter_for
     from quantkit.models.inputs import processor_capabilities

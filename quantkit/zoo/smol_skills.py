@@ -703,7 +703,7 @@ def main(argv: list[str] | None = None) -> None:
         if path.exists():
             model.load_state_dict(torch.load(path, weights_only=False)["trainable"], strict=False)
     model.eval()
-    from quantkit.eval.skills import EVAL_SEED
+    from quantkit.zoo import EVAL_SEED
 
     for task in TASKS:
         items = make_items(task.name, args.items, seed=EVAL_SEED)
