@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from quantkit.errors import InputError
+from quantkit.eval.gate import DEFAULT_MAX_LOSS, within
 
 EVAL_SEED = 999_999_937  # training steps draw seeds seed * 1_000_003 + step, far below this
 GROUPS = ("image", "video", "audio", "text")
@@ -194,9 +195,13 @@ class SkillsReport:
         base = self.original.by_task()[task].score
         return None if base == 0 else 100.0 * checkpoint.by_task()[task].score / base
 
+    def task_within(self, checkpoint: ModelScores, task: str) -> bool:
+        """The task's loss, 100% - recovery, within max_loss (a task the original scores 0 on is)."""
+        rec = self.recovery(checkpoint, task)
+        return rec is None or within(100.0 - rec, self.max_loss)
+
     def within(self, checkpoint: ModelScores) -> bool:
-        recs = [self.recovery(checkpoint, t.task) for t in checkpoint.tasks]
-        return all(r is None or r >= 100.0 - self.max_loss for r in recs)
+        return all(self.task_within(checkpoint, t.task) for t in checkpoint.tasks)
 
     @property
     def passed(self) -> bool:
@@ -273,7 +278,7 @@ def evaluate_skills(
     checkpoints: list[Path],
     *,
     items: int = 32,
-    max_loss: float = 3.0,
+    max_loss: float = DEFAULT_MAX_LOSS,
     tasks: list[str] | None = None,
     write: bool = True,
     log=None,
