@@ -566,7 +566,7 @@ def test_an_error_scoring_the_original_fails_its_targets_and_the_build_goes_on(t
     out = tmp_path / "out"
     args = ["build", "--target", "a", "--target", "b", "--target", "c", "--model", str(model)]
     args += ["--output-root", str(out)]
-    args += ["--targets-file", str(file), "--eval-tasks", "caption", "--eval-items", "2"]
+    args += ["--targets-file", str(file), "--eval-tasks", "caption", "--gate-items", "2"]
     result = runner.invoke(app, args)
     assert result.exit_code == 1, result.output
     assert "original_fails" not in result.output  # its traceback is build.json's, not the screen's
@@ -596,29 +596,52 @@ def test_out_of_memory_scoring_the_original_is_raised(tmp_path, monkeypatch):
     file = _no_calib_targets(tmp_path, {"a": ["fp8-dynamic"]})
     with pytest.raises(MemoryError, match="exhausted"):
         build_checkpoints(
-            model, tmp_path / "out", ["a"], targets_file=file, eval_tasks=["caption"], eval_items=2
+            model, tmp_path / "out", ["a"], targets_file=file, eval_tasks=["caption"], gate_items=2
         )
 
 
 def test_drift_losses_read_in_points_and_eval_task_losses_in_percent():
     """The drift loss is percentage points of answer-token accuracy; an --eval-tasks loss is
-    100% - recovery: each judgement, chain table and card names its own unit, and a budget
-    judged against both says both."""
+    100% - recovery: each judgement, chain table and card names its own unit and the interval,
+    and a budget judged against both says both."""
     from quantkit.targets.build import CheckpointBuild, TargetBuild, _card_section, _judge, budget_text
 
-    def judged(losses: dict[str, float], max_loss: float):
-        drift = {k: v for k, v in losses.items() if not k.startswith("eval ")}
-        scored = {k: v for k, v in losses.items() if k.startswith("eval ")}
-        entry = CheckpointBuild(["t"], "w4a16", "/ckpt", "passed", "key", size_ratio=0.3, losses=drift)
+    def judged(losses: dict[str, tuple[float, float, float]], max_loss: float):
+        intervals = {
+            task: {"n": 8, "loss": loss, "ci_low": low, "ci_high": high, "metric": "m", "items": "h"}
+            for task, (loss, low, high) in losses.items()
+        }
+        drift = {k: v for k, v in intervals.items() if not k.startswith("eval ")}
+        scored = {k: v for k, v in intervals.items() if k.startswith("eval ")}
+        entry = CheckpointBuild(["t"], "w4a16", "/ckpt", "passed", "key", size_ratio=0.3)
+        entry.losses, entry.intervals = {k: v["loss"] for k, v in drift.items()}, drift
         return _judge(entry, max_loss, scored, set(drift))
 
-    drift = judged({"caption": 0.094, "ocr": 0.01}, 0.05)
-    assert drift.verdict == "over budget" and drift.detail == "caption lost 0.094 pts > 0.05 pts"
-    scored = judged({"caption": 0.01, "eval caption": 3.1}, 1.5)
-    assert scored.detail == "eval caption lost 3.1% > 1.5%"
+    drift = judged({"caption": (0.094, 0.08, 0.11), "ocr": (0.01, 0.0, 0.02)}, 0.05)
+    assert drift.verdict == "over budget"
+    assert drift.detail == "caption lost 0.094 [0.08, 0.11] pts (n=8), interval beyond 0.05"
+    scored = judged({"caption": (0.01, 0.0, 0.02), "eval caption": (3.1, 2.0, 4.0)}, 1.5)
+    assert scored.detail == "eval caption lost 3.1 [2, 4]% (n=8), interval beyond 1.5"
     target = TargetBuild("t", 1.5, "failed", chain=[scored])
     assert budget_text(TargetBuild("t", 0.05, "failed", chain=[drift])) == "0.05 pts"
     assert budget_text(target) == "1.5 (pts of drift loss, % of an eval task's score)"
-    kept = judged({"caption": 0.094}, 0.5)
+    kept = judged({"caption": (0.094, 0.05, 0.2)}, 0.5)
     card = _card_section("/ckpt", [TargetBuild("k", 0.5, "passed", "/ckpt", chain=[kept])])
-    assert "(budget 0.5 pts per task)" in card and "| caption | 0.094 pts |" in card
+    assert "(budget 0.5 pts per task)" in card and "| caption | 0.094 [0.05, 0.2] pts (n=8) |" in card
+    assert "budget 0.5 pts per task, 8 items per task; the worst task, caption, lost 0.094 [0.05, 0.2] pts" in card
+
+
+def test_unresolved_counts_as_failed_unless_accepted_and_then_warns():
+    """An interval that holds the budget: the candidate is unresolved (the chain goes on) and
+    says how many items would resolve it; --accept-unresolved keeps it with a note."""
+    from quantkit.targets.build import CheckpointBuild, _judge
+
+    entry = CheckpointBuild(["t"], "w4a16", "/ckpt", "passed", "key", size_ratio=0.3)
+    entry.intervals = {"ocr": {"n": 12, "loss": 1.0, "ci_low": 0.2, "ci_high": 1.8, "metric": "m", "items": "h"}}
+    step = _judge(entry, 1.5, {}, {"ocr"})
+    assert step.verdict == "unresolved" and step.tasks["ocr"]["verdict"] == "unresolved"
+    assert step.tasks["ocr"]["items_to_resolve"] == 31  # 12 x (0.8 / 0.5)**2
+    assert "about 31 items would resolve it" in step.detail
+    accepted = _judge(entry, 1.5, {}, {"ocr"}, accept_unresolved=True)
+    assert accepted.verdict == "kept" and accepted.accepted_unresolved == ["ocr"]
+    assert accepted.detail.startswith("kept with --accept-unresolved")

@@ -16,7 +16,9 @@ def items(n: int, seed: int = 1) -> np.ndarray:
 
 def test_a_candidate_identical_to_the_original_passes_with_a_narrow_interval():
     original = items(60)
-    record = gate.verdict_record(gate.measure(original, original.copy(), metric="m", items=range(60)).to_dict(), 0.1)
+    record = gate.verdict_record(
+        gate.measure(original, original.copy(), metric="m", items=range(60)).to_dict(), 0.1
+    )
     assert record["loss"] == record["ci_low"] == record["ci_high"] == 0.0
     assert record["verdict"] == gate.PASSED
 
@@ -70,7 +72,9 @@ def test_the_items_to_resolve_do_resolve_it_at_the_spread_observed():
     rng = np.random.default_rng(4)
     original = rng.uniform(0.3, 0.9, size=30)
     candidate = original - rng.normal(0.005, 0.04, size=30)  # about half a point lost, spread 4 points
-    record = gate.verdict_record(gate.measure(original, candidate, metric="m", items=range(30)).to_dict(), 1.5)
+    record = gate.verdict_record(
+        gate.measure(original, candidate, metric="m", items=range(30)).to_dict(), 1.5
+    )
     assert record["verdict"] == gate.UNRESOLVED, record
     needed = record["items_to_resolve"]
     assert 30 < needed < 2000
@@ -108,7 +112,9 @@ def test_one_pass_rule_and_default_everywhere():
 
     from quantkit.targets import DEFAULT_MAX_LOSS
 
-    compare = importlib.import_module("quantkit.eval.compare")  # the package re-exports a function of that name
+    compare = importlib.import_module(
+        "quantkit.eval.compare"
+    )  # the package re-exports a function of that name
 
     assert DEFAULT_MAX_LOSS is gate.DEFAULT_MAX_LOSS and compare.DEFAULT_MAX_LOSS is gate.DEFAULT_MAX_LOSS
     assert gate.within(1.5, 1.5) and not gate.within(1.5001, 1.5)

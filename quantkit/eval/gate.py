@@ -178,6 +178,4 @@ def format_interval(record: dict | None, unit: str = "") -> str:
     """``0.42 [-0.1, 0.9] pts (n=12)`` for a summary table."""
     if not record:
         return "-"
-    return (
-        f"{record['loss']:.3g} [{record['ci_low']:.3g}, {record['ci_high']:.3g}]{unit} (n={record['n']})"
-    )
+    return f"{record['loss']:.3g} [{record['ci_low']:.3g}, {record['ci_high']:.3g}]{unit} (n={record['n']})"

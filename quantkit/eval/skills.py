@@ -90,6 +90,8 @@ def word_accuracy(prediction: str, reference: str) -> float:
 
 
 SCORERS = {"exact": exact_match, "iou": iou_hit, "tiou": temporal_iou, "wer": word_accuracy}
+# Metrics that score an item 0 or 1: one item's change is a whole step (the gate's unresolvable).
+HIT_METRICS = frozenset({"exact", "iou"})
 
 
 # ---------------------------------------------------------------------------------------------- running
@@ -103,6 +105,9 @@ class TaskScore:
     items: int
     score: float
     examples: list[dict] = field(default_factory=list)  # the first few (prediction, answer) pairs
+    item_scores: list[float] = field(
+        default_factory=list
+    )  # per item, in the order drawn (the gate pairs them)
 
 
 @dataclass
@@ -152,7 +157,14 @@ def score_model(
 
 
 def score_loaded(
-    model, processor, task_names: list[str], *, items: int = 32, batch: int = 16, log=None, label: str = "model"
+    model,
+    processor,
+    task_names: list[str],
+    *,
+    items: int = 32,
+    batch: int = 16,
+    log=None,
+    label: str = "model",
 ) -> list[TaskScore]:
     """The per-task scores of a model already in memory (the trainer measures its runs with it)."""
     import torch
@@ -176,7 +188,7 @@ def score_loaded(
                 if len(examples) < 3:
                     examples.append({"prompt": item.prompt, "answer": item.answer, "prediction": text})
         results.append(
-            TaskScore(name, task.group, task.metric, len(scores), sum(scores) / len(scores), examples)
+            TaskScore(name, task.group, task.metric, len(scores), sum(scores) / len(scores), examples, scores)
         )
         if log:
             log(f"{label}: {name} {results[-1].score:.3f}")
