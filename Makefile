@@ -53,9 +53,9 @@ $(VLLM_STAMP): requirements-vllm.lock
 # The build's accuracy gate is the targets' own 1.5 points of expected answer-token accuracy per
 # task, judged on every held-out row of the task with a paired bootstrap 95% interval: passed when
 # its upper end is within the budget, failed when its lower end is beyond, else unresolved. The set
-# spares 3 to 13 rows per task, too few to resolve 1.5 points on some tasks (one, short_caption,
-# has 3: refused up front), so the demo keeps unresolved candidates with a warning
-# (--accept-unresolved); the build's table shows each target's worst task, interval and n.
+# spares only a handful of rows per task, too few to resolve 1.5 points on some (short_caption has
+# fewer than an interval needs: refused up front), so the demo keeps unresolved candidates with a
+# warning (--accept-unresolved); the build's table shows each target's worst task, interval and n.
 # The eval step (64 items x 10 tasks x 5 models) is its largest share of the time.
 demo: envs
 	rm -rf $(DEMO)
