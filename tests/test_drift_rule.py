@@ -109,6 +109,7 @@ def test_a_task_below_the_floor_is_still_judged_with_a_note():
         == choice.digest()
         != HeldOutChoice([HeldOutRow("a2", "ocr", 0.9)], 0.2, 4, 0).digest()
     )
+
     def interval(loss, low, high):
         return {"n": 8, "loss": loss, "ci_low": low, "ci_high": high, "metric": "m", "items": "h"}
 
