@@ -652,3 +652,47 @@ def test_unresolved_counts_as_failed_unless_accepted_and_then_warns():
     accepted = _judge(entry, 1.5, {}, {"ocr"}, accept_unresolved=True)
     assert accepted.verdict == "kept" and accepted.accepted_unresolved == ["ocr"]
     assert accepted.detail.startswith("kept with --accept-unresolved")
+
+
+@pytest.mark.slow
+def test_a_budget_the_items_cannot_resolve_is_refused_before_any_quantize(tmp_path):
+    """tiny-omni-skills scored on a few items of a 0-or-1 task: one item's change alone moves the
+    loss past 1.5%, so no candidate that changes an answer could pass: exit 2, naming the task and
+    what to do, before anything is quantized; --accept-unresolved says it and builds."""
+    from quantkit.zoo import skills
+    from quantkit.zoo.models import build_zoo_model
+
+    if skills.committed_weights() is None:
+        pytest.skip("no trained tiny-omni-skills weights are committed (issue 17)")
+    model = build_zoo_model("tiny-omni-skills", tmp_path / "skills")
+    file = _no_calib_targets(tmp_path, {"a": []}, recipes={"a": "fp8-dynamic"})
+    out = tmp_path / "out"
+    args = [
+        "build",
+        "--target",
+        "a",
+        "--model",
+        str(model),
+        "--output-root",
+        str(out),
+        "--targets-file",
+        str(file),
+    ]
+    args += ["--eval-tasks", "ocr_digits", "--gate-items", "8", "--max-loss", "1.5"]
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2, refused.output
+    said = " ".join(refused.output.split())
+    assert "cannot resolve the budget even for a lossless candidate" in said and "eval ocr_digits" in said
+    assert "--accept-unresolved" in said and not list(out.glob("*-fp8-dynamic"))
+    accepted = runner.invoke(app, [*args, "--accept-unresolved"])
+    assert "warning: unresolvable, accepted: eval ocr_digits" in " ".join(accepted.output.split())
+    data = json.loads((out / "build.json").read_text())
+    assert any(w.startswith("unresolvable, accepted: eval ocr_digits") for w in data["warnings"])
+    (step,) = data["targets"][0]["chain"]
+    record = step["tasks"]["eval ocr_digits"]
+    assert (
+        record["n"] == 8
+        and record["metric"] == "exact"
+        and record["ci_low"] <= record["loss"] <= record["ci_high"]
+    )
+    assert record["verdict"] in ("passed", "failed", "unresolved") and len(record["items"]) == 16

@@ -342,17 +342,23 @@ def test_a_quantized_copy_identical_to_the_original_loses_nothing(setup, tmp_pat
     original's: a copy of the original measured as the build measures its candidates."""
     import shutil
 
-    from quantkit.targets.build import task_kl_losses, task_losses
+    from quantkit.eval.gate import verdict_record
+    from quantkit.targets.build import task_intervals, task_kl_losses, task_losses
     from quantkit.verify.drift import measure_drift
 
     copy = tmp_path / "copy"
     shutil.copytree(setup["model"], copy)
     drift = measure_drift(
-        setup["model"], copy, setup["calib"], num_samples=4, exclude_ids=set(), stratify_by="task"
+        setup["model"], copy, setup["calib"], num_samples=16, exclude_ids=set(), stratify_by="task"
     )
     losses = task_losses(drift)
     assert losses and set(losses.values()) == {0.0}
     assert set(task_kl_losses(drift).values()) == {0.0}
+    # Its intervals are 0 wide: it passes even a budget of 0 wherever a task has enough items.
+    intervals = task_intervals(drift)
+    assert {(r["loss"], r["ci_low"], r["ci_high"]) for r in intervals.values()} == {(0.0, 0.0, 0.0)}
+    decided = {t: verdict_record(r, 0.0)["verdict"] for t, r in intervals.items() if r["n"] >= MIN_ITEMS}
+    assert set(decided.values()) <= {"passed"}
 
 
 def test_a_library_error_is_a_failed_candidate_and_the_smallest_passing_candidate_is_kept(

@@ -168,6 +168,7 @@ def build(
         targets_file=targets_file,
         on_checkpoint=show,
         on_target=show_target,
+        on_warning=lambda line: console.print(f"[yellow]warning: {line}[/]"),
     )
     print_build_summary(report)
     if not report.passed:

@@ -670,6 +670,7 @@ def build_checkpoints(
     accept_unresolved: bool = False,
     on_checkpoint=None,
     on_target=None,
+    on_warning=None,
 ) -> BuildReport:
     """Build each target's chain until a candidate meets its accuracy budget (ORDER_RULE).
 
@@ -684,7 +685,7 @@ def build_checkpoints(
     recorded and the others go on. A candidate whose inputs match the last build and that passed
     its checks then is reused unless ``force``.
     ``on_checkpoint`` is called with each (CheckpointBuild, VerifyReport | None) as it finishes,
-    ``on_target`` with each TargetBuild.
+    ``on_target`` with each TargetBuild, ``on_warning`` with what is said before any quantize.
 
     Without ``num_samples``, a stratified share of the set (``drift_samples``, by default and at
     most a quarter of it) is held out of calibration so that the gate has samples it did not see.
@@ -726,6 +727,7 @@ def build_checkpoints(
         gate_items=gate_items,
         accept_unresolved=accept_unresolved,
         on_checkpoint=on_checkpoint,
+        on_warning=on_warning,
     )
     run.report.eval_tasks = eval_names
     run.report.requested = [target.name for target in chosen]
@@ -785,6 +787,7 @@ class _Run:
     gate_items: int | None
     accept_unresolved: bool = False
     on_checkpoint: object = None
+    on_warning: object = None
     report: BuildReport = None
     drawn: object = None
     tasks: set[str] | None = None  # of the held-out rows (held_out_tasks)
@@ -1192,7 +1195,10 @@ class _Run:
         if not problems:
             return
         if self.accept_unresolved:
-            self.report.warnings += [f"unresolvable, accepted: {line}" for line in problems]
+            for line in problems:
+                self.report.warnings.append(f"unresolvable, accepted: {line}")
+                if self.on_warning:
+                    self.on_warning(self.report.warnings[-1])
             return
         raise InputError(
             "the gate's items cannot resolve the budget even for a lossless candidate: "
