@@ -652,6 +652,12 @@ def test_unresolved_counts_as_failed_unless_accepted_and_then_warns():
     accepted = _judge(entry, 1.5, {}, {"ocr"}, accept_unresolved=True)
     assert accepted.verdict == "kept" and accepted.accepted_unresolved == ["ocr"]
     assert accepted.detail.startswith("kept with --accept-unresolved")
+    entry.intervals["ocr"]["n"] = 3  # under MIN_ITEMS: unresolved whatever its interval
+    few = _judge(entry, 1.5, {}, {"ocr"})
+    assert (
+        few.verdict == "unresolved"
+        and "ocr lost 1 [0.2, 1.8] pts (n=3), fewer items than an interval needs" in few.detail
+    )
 
 
 @pytest.mark.slow

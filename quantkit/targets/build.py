@@ -25,6 +25,7 @@ from quantkit.errors import InputError, QuantkitError
 from quantkit.eval.gate import (
     DECISION,
     FAILED,
+    MIN_ITEMS,
     PASSED,
     UNRESOLVED,
     decide,
@@ -565,6 +566,8 @@ def _judge(
 def _task_line(task: str, record: dict, versus: str) -> str:
     """``ocr lost 2.1 [1.7, 2.6] pts (n=12), beyond 1.5`` (and the items that would resolve it)."""
     line = f"{task} lost {format_interval(record, loss_unit(task))}, interval {versus}"
+    if record["n"] < MIN_ITEMS:
+        line = f"{task} lost {format_interval(record, loss_unit(task))}, fewer items than an interval needs"
     if record.get("items_to_resolve"):
         line += f" (about {record['items_to_resolve']} items would resolve it)"
     return line
