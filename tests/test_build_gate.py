@@ -461,10 +461,10 @@ def test_every_candidate_is_judged_on_the_same_chosen_rows(setup):
     assert len(ids) == len(set(ids)) and tasks == set(setup["worse"].losses)
     assert set(held_out["below_floor"]) == tasks and held_out["floor"] == ACCURACY_FLOOR
     w4a16 = setup["out"] / f"{setup['model'].name}-w4a16" / "quantkit.json"  # the one that calibrated
-    used = set(json.loads(w4a16.read_text())["calibration"]["sample_ids"])
+    drawn = set(json.loads(w4a16.read_text())["calibration"]["set"]["sample_ids"])  # dropped ones too
     rows = [json.loads(line) for line in (setup["calib"] / "samples.jsonl").read_text().splitlines()]
     for task in tasks:
-        left = {r["id"] for r in rows if r["task"] == task and r["id"] not in used}
+        left = {r["id"] for r in rows if r["task"] == task and r["id"] not in drawn}
         assert {row["id"] for row in held_out["rows"] if row["task"] == task} == left
         assert setup["worse"].tasks[task]["n"] == len(left)
     assert all(row["original_accuracy"] < ACCURACY_FLOOR for row in held_out["rows"])

@@ -104,6 +104,7 @@ def test_a_budget_finer_than_one_item_is_unresolvable_up_front():
     assert gate.unresolvable(100, 1.5, step_loss=100 / 100) is None
     assert gate.unresolvable(200, 1.5) is None  # a continuous score: only the count matters
     assert "fewer than the 4" in gate.unresolvable(3, 1.5)
+    assert "only a candidate that changes no answer" in gate.unresolvable(500, 0.0, step_loss=0.2)
 
 
 def test_one_pass_rule_and_default_everywhere():

@@ -169,8 +169,10 @@ def unresolvable(n: int, budget: float, step_loss: float | None = None) -> str |
     if n < MIN_ITEMS:
         return f"{n} item(s), fewer than the {MIN_ITEMS} a {CONFIDENCE:.0%} interval needs"
     if step_loss is not None and not within(step_loss, budget):
-        needed = math.ceil(n * step_loss / budget)
-        return f"one item of {n} changes the loss by {step_loss:.3g}, more than the budget: about {needed} items needed"
+        why = f"one item of {n} changes the loss by {step_loss:.3g}, more than the budget"
+        if budget <= 0:  # no count of items makes one item's change 0
+            return f"{why}: only a candidate that changes no answer can pass"
+        return f"{why}: about {math.ceil(n * step_loss / budget)} items needed"
     return None
 
 
