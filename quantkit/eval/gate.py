@@ -67,7 +67,7 @@ def _ratio(drops: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """100 x drops / weights along the last axis; no weight at all reads as no loss (0 / 0) or an
     unbounded one."""
     top, bottom = drops.sum(axis=-1), weights.sum(axis=-1)
-    unbounded = np.where(top == 0, 0.0, np.sign(top) * np.inf)
+    unbounded = np.where(top == 0, 0.0, np.copysign(np.inf, top))
     return np.where(bottom != 0, 100.0 * top / np.where(bottom != 0, bottom, 1.0), unbounded)
 
 
