@@ -74,6 +74,7 @@ def test_build_two_targets_then_rerun_skips(zoo_model, omni_calib, tmp_path):
         "12",
         "--drift-samples",
         "4",
+        "--accept-unresolved",  # a few held-out rows per task: unresolved tasks kept, with a warning
     ]
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
@@ -101,7 +102,14 @@ def test_build_two_targets_then_rerun_skips(zoo_model, omni_calib, tmp_path):
     assert [c["status"] for c in again["checkpoints"]] == ["up-to-date", "up-to-date"]
     # --force rebuilds.
     forced = build_checkpoints(
-        model, out, ["l40s"], calib=omni_calib, num_samples=12, drift_samples=4, force=True
+        model,
+        out,
+        ["l40s"],
+        calib=omni_calib,
+        num_samples=12,
+        drift_samples=4,
+        force=True,
+        accept_unresolved=True,
     )
     assert [c.status for c in forced.checkpoints] == ["passed"]
 
@@ -116,7 +124,7 @@ def test_failing_target_leaves_the_other_complete(zoo_model, demo_pool, tmp_path
     out = tmp_path / "out"
     args = ["build", "--target", "ampere", "--target", "l40s", "--model", str(model), "--calib", str(calib)]
     result = runner.invoke(
-        app, [*args, "--output-root", str(out), "--num-samples", "8", "--drift-samples", "4"]
+        app, [*args, "--output-root", str(out), "--num-samples", "8", "--accept-unresolved"]
     )
     assert result.exit_code == 1, result.output
     build = json.loads((out / "build.json").read_text())
@@ -554,10 +562,10 @@ def _skills_model_whose_original_raises(tmp_path: Path, monkeypatch, error: Exce
 
 
 def test_an_error_scoring_the_original_fails_its_targets_and_the_build_goes_on(tmp_path, monkeypatch):
-    """--eval-tasks: the original cannot be scored (a library's error): each target it gates fails
-    with that error (its traceback in build.json), no candidate is judged on it, the build
-    finishes, and the command exits 1 without a traceback on screen. a and b's own recipe (fp8)
-    is skipped without --calib; c's own recipe builds, and its chain stops there too."""
+    """--eval-tasks: the original cannot be scored (a library's error): it is scored before any
+    quantize (the gate's items are checked up front), so each target fails with that error (its
+    traceback in build.json), nothing is built, and the command exits 1 without a traceback on
+    screen."""
     error = RuntimeError("CUDA error: device-side assert triggered")
     model = _skills_model_whose_original_raises(tmp_path, monkeypatch, error)
     chains = {"a": ["fp8-dynamic", "fp8-block"], "b": ["fp8-block"], "c": ["fp8-block"]}
@@ -565,7 +573,7 @@ def test_an_error_scoring_the_original_fails_its_targets_and_the_build_goes_on(t
     out = tmp_path / "out"
     args = ["build", "--target", "a", "--target", "b", "--target", "c", "--model", str(model)]
     args += ["--output-root", str(out)]
-    args += ["--targets-file", str(file), "--eval-tasks", "caption", "--eval-items", "2"]
+    args += ["--targets-file", str(file), "--eval-tasks", "caption", "--gate-items", "2"]
     result = runner.invoke(app, args)
     assert result.exit_code == 1, result.output
     assert "original_fails" not in result.output  # its traceback is build.json's, not the screen's
@@ -579,15 +587,9 @@ def test_an_error_scoring_the_original_fails_its_targets_and_the_build_goes_on(t
             == "scoring the original model: RuntimeError: CUDA error: device-side assert triggered"
         )
         assert "original_fails" in target["traceback"]
-        (step,) = target["chain"]  # the chain stops: no further candidate is judged on nothing
-        assert step["verdict"] == "error" and step["detail"] == target["error"]
-        assert step["why"] == ("the target's recipe" if target["name"] == "c" else "no calibration data")
+        assert target["chain"] == []  # no candidate is built to be judged on nothing
     assert [t["name"] for t in data["targets"]] == ["a", "b", "c"]
-    assert {t["name"]: t["chain"][0]["recipe"] for t in data["targets"]}["c"] == "fp8-dynamic"
-    assert {c["recipe"]: c["status"] for c in data["checkpoints"]} == {
-        "fp8-dynamic": "passed",
-        "fp8-block": "passed",
-    }
+    assert data["checkpoints"] == [] and not [p for p in out.iterdir() if p.is_dir() and p.name != ".cache"]
 
 
 def test_out_of_memory_scoring_the_original_is_raised(tmp_path, monkeypatch):
@@ -595,29 +597,107 @@ def test_out_of_memory_scoring_the_original_is_raised(tmp_path, monkeypatch):
     file = _no_calib_targets(tmp_path, {"a": ["fp8-dynamic"]})
     with pytest.raises(MemoryError, match="exhausted"):
         build_checkpoints(
-            model, tmp_path / "out", ["a"], targets_file=file, eval_tasks=["caption"], eval_items=2
+            model, tmp_path / "out", ["a"], targets_file=file, eval_tasks=["caption"], gate_items=2
         )
 
 
 def test_drift_losses_read_in_points_and_eval_task_losses_in_percent():
     """The drift loss is percentage points of answer-token accuracy; an --eval-tasks loss is
-    100% - recovery: each judgement, chain table and card names its own unit, and a budget
-    judged against both says both."""
+    100% - recovery: each judgement, chain table and card names its own unit and the interval,
+    and a budget judged against both says both."""
     from quantkit.targets.build import CheckpointBuild, TargetBuild, _card_section, _judge, budget_text
 
-    def judged(losses: dict[str, float], max_loss: float):
-        drift = {k: v for k, v in losses.items() if not k.startswith("eval ")}
-        scored = {k: v for k, v in losses.items() if k.startswith("eval ")}
-        entry = CheckpointBuild(["t"], "w4a16", "/ckpt", "passed", "key", size_ratio=0.3, losses=drift)
+    def judged(losses: dict[str, tuple[float, float, float]], max_loss: float):
+        intervals = {
+            task: {"n": 8, "loss": loss, "ci_low": low, "ci_high": high, "metric": "m", "items": "h"}
+            for task, (loss, low, high) in losses.items()
+        }
+        drift = {k: v for k, v in intervals.items() if not k.startswith("eval ")}
+        scored = {k: v for k, v in intervals.items() if k.startswith("eval ")}
+        entry = CheckpointBuild(["t"], "w4a16", "/ckpt", "passed", "key", size_ratio=0.3)
+        entry.losses, entry.intervals = {k: v["loss"] for k, v in drift.items()}, drift
         return _judge(entry, max_loss, scored, set(drift))
 
-    drift = judged({"caption": 0.094, "ocr": 0.01}, 0.05)
-    assert drift.verdict == "over budget" and drift.detail == "caption lost 0.094 pts > 0.05 pts"
-    scored = judged({"caption": 0.01, "eval caption": 3.1}, 1.5)
-    assert scored.detail == "eval caption lost 3.1% > 1.5%"
+    drift = judged({"caption": (0.094, 0.08, 0.11), "ocr": (0.01, 0.0, 0.02)}, 0.05)
+    assert drift.verdict == "over budget"
+    assert drift.detail == "caption lost 0.094 [0.08, 0.11] pts (n=8), interval beyond 0.05"
+    scored = judged({"caption": (0.01, 0.0, 0.02), "eval caption": (3.1, 2.0, 4.0)}, 1.5)
+    assert scored.detail == "eval caption lost 3.1 [2, 4]% (n=8), interval beyond 1.5"
     target = TargetBuild("t", 1.5, "failed", chain=[scored])
     assert budget_text(TargetBuild("t", 0.05, "failed", chain=[drift])) == "0.05 pts"
     assert budget_text(target) == "1.5 (pts of drift loss, % of an eval task's score)"
-    kept = judged({"caption": 0.094}, 0.5)
+    kept = judged({"caption": (0.094, 0.05, 0.2)}, 0.5)
     card = _card_section("/ckpt", [TargetBuild("k", 0.5, "passed", "/ckpt", chain=[kept])])
-    assert "(budget 0.5 pts per task)" in card and "| caption | 0.094 pts |" in card
+    assert "(budget 0.5 pts per task)" in card and "| caption | 0.094 [0.05, 0.2] pts (n=8) |" in card
+    assert (
+        "budget 0.5 pts per task, 8 items per task; the worst task, caption, lost 0.094 [0.05, 0.2] pts"
+        in card
+    )
+
+
+def test_unresolved_counts_as_failed_unless_accepted_and_then_warns():
+    """An interval that holds the budget: the candidate is unresolved (the chain goes on) and
+    says how many items would resolve it; --accept-unresolved keeps it with a note."""
+    from quantkit.targets.build import CheckpointBuild, _judge
+
+    entry = CheckpointBuild(["t"], "w4a16", "/ckpt", "passed", "key", size_ratio=0.3)
+    entry.intervals = {
+        "ocr": {"n": 12, "loss": 1.0, "ci_low": 0.2, "ci_high": 1.8, "metric": "m", "items": "h"}
+    }
+    step = _judge(entry, 1.5, {}, {"ocr"})
+    assert step.verdict == "unresolved" and step.tasks["ocr"]["verdict"] == "unresolved"
+    assert step.tasks["ocr"]["items_to_resolve"] == 31  # 12 x (0.8 / 0.5)**2
+    assert "about 31 items would resolve it" in step.detail
+    accepted = _judge(entry, 1.5, {}, {"ocr"}, accept_unresolved=True)
+    assert accepted.verdict == "kept" and accepted.accepted_unresolved == ["ocr"]
+    assert accepted.detail.startswith("kept with --accept-unresolved")
+    entry.intervals["ocr"]["n"] = 3  # under MIN_ITEMS: unresolved whatever its interval
+    few = _judge(entry, 1.5, {}, {"ocr"})
+    assert (
+        few.verdict == "unresolved"
+        and "ocr lost 1 [0.2, 1.8] pts (n=3), fewer items than an interval needs" in few.detail
+    )
+
+
+@pytest.mark.slow
+def test_a_budget_the_items_cannot_resolve_is_refused_before_any_quantize(tmp_path):
+    """tiny-omni-skills scored on a few items of a 0-or-1 task: one item's change alone moves the
+    loss past 1.5%, so no candidate that changes an answer could pass: exit 2, naming the task and
+    what to do, before anything is quantized; --accept-unresolved says it and builds."""
+    from quantkit.zoo import skills
+    from quantkit.zoo.models import build_zoo_model
+
+    if skills.committed_weights() is None:
+        pytest.skip("no trained tiny-omni-skills weights are committed (issue 17)")
+    model = build_zoo_model("tiny-omni-skills", tmp_path / "skills")
+    file = _no_calib_targets(tmp_path, {"a": []}, recipes={"a": "fp8-dynamic"})
+    out = tmp_path / "out"
+    args = [
+        "build",
+        "--target",
+        "a",
+        "--model",
+        str(model),
+        "--output-root",
+        str(out),
+        "--targets-file",
+        str(file),
+    ]
+    args += ["--eval-tasks", "ocr_digits", "--gate-items", "8", "--max-loss", "1.5"]
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 2, refused.output
+    said = " ".join(refused.output.split())
+    assert "cannot resolve the budget even for a lossless candidate" in said and "eval ocr_digits" in said
+    assert "--accept-unresolved" in said and not list(out.glob("*-fp8-dynamic"))
+    accepted = runner.invoke(app, [*args, "--accept-unresolved"])
+    assert "warning: unresolvable, accepted: eval ocr_digits" in " ".join(accepted.output.split())
+    data = json.loads((out / "build.json").read_text())
+    assert any(w.startswith("unresolvable, accepted: eval ocr_digits") for w in data["warnings"])
+    (step,) = data["targets"][0]["chain"]
+    record = step["tasks"]["eval ocr_digits"]
+    assert (
+        record["n"] == 8
+        and record["metric"] == "exact"
+        and record["ci_low"] <= record["loss"] <= record["ci_high"]
+    )
+    assert record["verdict"] in ("passed", "failed", "unresolved") and len(record["items"]) == 16

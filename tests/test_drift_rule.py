@@ -109,9 +109,16 @@ def test_a_task_below_the_floor_is_still_judged_with_a_note():
         == choice.digest()
         != HeldOutChoice([HeldOutRow("a2", "ocr", 0.9)], 0.2, 4, 0).digest()
     )
+
+    def interval(loss, low, high):
+        return {"n": 8, "loss": loss, "ci_low": low, "ci_high": high, "metric": "m", "items": "h"}
+
+    intervals = {"ocr": interval(0.5, 0.2, 0.8), "chat": interval(3.0, 2.0, 4.0)}
     entry = CheckpointBuild(["t"], "w4a16", "ck", "passed", "k", losses={"ocr": 0.5, "chat": 3.0})
+    entry.intervals = intervals
     step = _judge(entry, 1.5, {}, {"ocr", "chat"}, {"chat": 0.04})
     assert step.verdict == "over budget" and step.worst_task == "chat"
+    assert step.tasks["chat"]["verdict"] == "failed" and step.tasks["ocr"]["verdict"] == "passed"
     assert "the original answers chat's held-out rows at 0.04: its loss can hardly show" in step.detail
 
 

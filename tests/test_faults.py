@@ -27,6 +27,7 @@ from quantkit.recipes import get_recipe
 
 runner = CliRunner()
 
+
 def tree_hash(root: Path) -> str:
     """Names, bytes and link targets of everything under ``root``."""
     digest = hashlib.sha256()
@@ -468,14 +469,17 @@ def test_build_on_a_small_set_holds_out_samples_for_drift(text_model, text_calib
     assert load_calibration_report(text_calib)["size"] == 64
     before = tree_hash(text_calib)
     # No --num-samples: before, all 64 calibrated and drift found no held-out sample.
-    report = build_checkpoints(text_model, tmp_path / "out", ["rtx4090"], calib=text_calib, drift_samples=4)
+    # The gate accepts unresolved tasks here: this test is of the hold-out, not of the verdict.
+    report = build_checkpoints(
+        text_model, tmp_path / "out", ["rtx4090"], calib=text_calib, drift_samples=16, accept_unresolved=True
+    )
     assert report.passed, [c.reasons for c in report.checkpoints]  # the CLI's exit code 0
     built = json.loads((tmp_path / "out" / "build.json").read_text())
     assert [c["status"] for c in built["checkpoints"]] == ["passed"], built
     checkpoint = Path(built["checkpoints"][0]["checkpoint"])
     calibration = json.loads((checkpoint / "quantkit.json").read_text())["calibration"]
     drift = json.loads((checkpoint / "verify.json").read_text())["drift"]
-    assert calibration["samples_used"] == 64 - 4 and drift["overall"]["samples"] == 4
+    assert calibration["samples_used"] == 64 - 16 and drift["overall"]["samples"] == 16
     assert set(calibration["set"]["by_task"]) == {"precise", "casual"}  # stratified: both tasks calibrate
     assert tree_hash(text_calib) == before
 

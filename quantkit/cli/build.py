@@ -10,7 +10,14 @@ from rich.table import Table
 
 from quantkit.cli._common import Force, console
 from quantkit.errors import CheckFailed
-from quantkit.targets.build import LOSS_DEFINITION, below_floor_note, budget_text, format_loss
+from quantkit.eval.gate import DECISION
+from quantkit.targets.build import (
+    DEFAULT_EVAL_ITEMS,
+    LOSS_DEFINITION,
+    below_floor_note,
+    budget_text,
+    step_interval,
+)
 
 
 def targets() -> None:
@@ -55,11 +62,13 @@ def build(
     ] = None,
     vllm: Annotated[bool, typer.Option("--vllm", help="Also load and run each checkpoint in vLLM.")] = False,
     drift_samples: Annotated[
-        int,
+        int | None,
         typer.Option(
-            min=1, help="Held-out samples for the drift check (at least one per task of the held-out rows)."
+            min=1,
+            help="Without --num-samples: rows of the set held out of calibration for the gate "
+            "(default and at most: a quarter of the set).",
         ),
-    ] = 12,
+    ] = None,
     max_loss: Annotated[
         float | None,
         typer.Option(
@@ -77,7 +86,23 @@ def build(
             "on each candidate as `quantkit eval --tasks skills` does; their loss counts too.",
         ),
     ] = None,
-    eval_items: Annotated[int, typer.Option(min=1, help="Held-out items per --eval-tasks task.")] = 32,
+    gate_items: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Items per task the gate judges on: at most this many held-out rows of the set "
+            f"(default: all of them), and this many items of each --eval-tasks task (default "
+            f"{DEFAULT_EVAL_ITEMS}).",
+        ),
+    ] = None,
+    accept_unresolved: Annotated[
+        bool,
+        typer.Option(
+            "--accept-unresolved",
+            help="Keep a candidate whose tasks are within the budget or unresolved (an interval "
+            "that holds the budget), with a warning in build.json, the summary and the card.",
+        ),
+    ] = False,
     targets_file: Annotated[
         Path | None, typer.Option(help="Your own targets file (default: recipes/targets.yaml).")
     ] = None,
@@ -90,6 +115,8 @@ def build(
     its fallbacks whose `when` holds, smallest first by the checkpoint size quantize's plan
     predicts from the config (equal sizes in targets.yaml's order), and keep the first that
     passes every task: the smallest passing candidate; larger ones are not built.
+
+    DECISION
 
     Targets sharing a candidate share its checkpoint; all share one processed-feature cache. A
     target none of whose candidates passes fails with the table of every candidate tried; the
@@ -136,14 +163,19 @@ def build(
         force=force,
         max_loss=max_loss,
         eval_tasks=split_tasks(eval_tasks) if eval_tasks else None,
-        eval_items=eval_items,
+        gate_items=gate_items,
+        accept_unresolved=accept_unresolved,
         targets_file=targets_file,
         on_checkpoint=show,
         on_target=show_target,
+        on_warning=lambda line: console.print(f"[yellow]warning: {line}[/]"),
     )
     print_build_summary(report)
     if not report.passed:
         raise CheckFailed("some targets failed", path=Path(output_root) / "build.json")
+
+
+build.__doc__ = build.__doc__.replace("DECISION", DECISION)  # the gate's own words, one source
 
 
 def print_build_summary(report) -> None:
@@ -170,20 +202,24 @@ def print_build_summary(report) -> None:
             f"{c.seconds:.0f}",
         )
     console.print(table)
-    targets = Table(title="Targets (accuracy gate)")
-    for header in ("target", "budget", "status", "kept", "worst task", "loss", "candidates tried"):
+    targets = Table(title="Targets (accuracy gate; the kept candidate's worst task, else the last tried)")
+    headers = ("target", "budget", "status", "kept", "worst task", "loss [95% interval] (n)", "verdict", "tried")
+    for header in headers:
         names = header in ("target", "kept")
         targets.add_column(header, overflow="fold" if names else "ellipsis", no_wrap=not names)
     for t in report.targets:
         kept = next((s for s in t.chain if s.verdict == "kept"), None)
+        shown = kept or (t.chain[-1] if t.chain else None)
         colour = "green" if t.ok else "red"
+        worst = (shown.tasks.get(shown.worst_task or "") or {}) if shown else {}
         targets.add_row(
             t.name,
             budget_text(t),
             f"[{colour}]{t.status}[/]",
             recipe_label(kept.recipe, kept.avg_bits) if kept else "-",
-            (kept.worst_task or "-") if kept else "-",
-            format_loss(kept.worst_loss, kept.worst_task) if kept else "-",
+            (shown.worst_task or "-") if shown else "-",
+            step_interval(shown) if shown else "-",
+            worst.get("verdict", "-"),
             str(len(t.chain)),
         )
     console.print(targets)
@@ -208,7 +244,17 @@ def print_chain(built) -> None:
 
     title = f"Target {built.name}: candidates tried (budget {budget_text(built)} per task)"
     table = Table(title=title)
-    for header in ("#", "recipe", "avg bits", "size", "worst task", "loss", "verdict", "cached", "why tried"):
+    headers = (
+        "#",
+        "recipe",
+        "avg bits",
+        "size",
+        "worst task",
+        "loss [95% interval] (n)",
+        "verdict",
+        "cached",
+    )
+    for header in (*headers, "why tried"):
         table.add_column(header, no_wrap=header not in ("why tried",))
     for index, step in enumerate(built.chain, 1):
         colour = "green" if step.verdict == "kept" else "red"
@@ -218,7 +264,7 @@ def print_chain(built) -> None:
             "-" if step.avg_bits is None else f"{step.avg_bits:g}",
             f"{step.size_ratio:.3f}x" if step.size_ratio else "-",
             step.worst_task or "-",
-            format_loss(step.worst_loss, step.worst_task),
+            step_interval(step),
             f"[{colour}]{step.verdict}[/]",
             "yes" if step.cached else "no",
             step.why,

@@ -11,6 +11,7 @@ from rich.table import Column, Table
 
 from quantkit.cli._common import console, err_console
 from quantkit.errors import CheckFailed
+from quantkit.eval.gate import DEFAULT_MAX_LOSS
 
 
 class Backend(StrEnum):
@@ -53,7 +54,7 @@ def eval_command(
     ] = None,
     max_loss: Annotated[
         float, typer.Option(min=0.0, help="Allowed loss per metric, in percent of the original's score.")
-    ] = 1.5,
+    ] = DEFAULT_MAX_LOSS,
     batch_size: Annotated[int, typer.Option(min=1, help="Harness batch size.")] = 1,
     cache_dir: Annotated[
         Path | None,
@@ -126,9 +127,9 @@ def _skills(original: Path, checkpoints: list[Path], *, limit: int | None, max_l
     table = Table(*columns, title=title)
     for row in report.rows():
         cells = [row["group"], row["task"], row["metric"], f"{row['original']:.3f}"]
-        for cell in row["checkpoints"]:
+        for result, cell in zip(report.checkpoints, row["checkpoints"], strict=True):
             rec = cell["recovery_pct"]
-            ok = rec is None or rec >= 100.0 - max_loss
+            ok = report.task_within(result, row["task"])
             colour = "green" if ok else "red"
             cells.append(f"{cell['score']:.3f} [{colour}]{'n/a' if rec is None else f'{rec:.1f}%'}[/]")
         table.add_row(*cells)

@@ -3,8 +3,8 @@
 For a metric where higher is better (accuracy) recovery is quantized / original; where lower is
 better (perplexity, bits per byte) it is original / quantized. Either way 100% means no change and
 a value under 100% means the checkpoint is worse. The loss is 100% - recovery; a checkpoint is
-within the allowed loss when every metric's loss is at most ``max_loss`` percent (1.5% by default,
-the figure the seed article holds quantized checkpoints to). Which direction a metric goes comes
+within the allowed loss when every metric's loss is at most ``max_loss`` percent (the pass rule
+and its default are quantkit.eval.gate's). Which direction a metric goes comes
 from the harness (``higher_is_better`` of each task), not from a list of names here; the names
 below only cover results that lack it.
 """
@@ -14,7 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-DEFAULT_MAX_LOSS = 1.5  # percent
+from quantkit.eval.gate import DEFAULT_MAX_LOSS, within
+
+__all__ = ["DEFAULT_MAX_LOSS", "Comparison", "Score", "compare", "judge", "recovery", "scores_from_results"]
 LOWER_IS_BETTER = frozenset(
     {"perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte", "ter", "wer", "cer"}
 )
@@ -117,7 +119,7 @@ def judge(original: float, quantized: float, higher_is_better: bool, max_loss: f
         return None, None, not worse
     recovery_pct = 100.0 * ratio
     loss_pct = 100.0 - recovery_pct
-    return recovery_pct, loss_pct, loss_pct <= max_loss + 1e-9
+    return recovery_pct, loss_pct, within(loss_pct, max_loss)
 
 
 def compare(original: list[Score], quantized: list[Score], max_loss: float) -> list[Comparison]:

@@ -24,6 +24,19 @@ from pathlib import Path
 
 from quantkit import __version__
 from quantkit.errors import InputError, QuantkitError, shorten
+from quantkit.eval.gate import (
+    DECISION,
+    FAILED,
+    MIN_ITEMS,
+    PASSED,
+    UNRESOLVED,
+    decide,
+    format_interval,
+    measure,
+    paired_loss,
+    unresolvable,
+    verdict_record,
+)
 from quantkit.fsutil import check_model_folder, check_writable, refuse_overlap, sha256_file, write_file_atomic
 
 BUILD_FILE = "build.json"
@@ -33,11 +46,12 @@ LOSS_DEFINITION = (
     "positions, over the positions that predict the answer's tokens (the last assistant turn, "
     "what the task's accuracy is scored on; prompt and media positions do not count) in the "
     "task's held-out calibration samples, y being the answer's own next token there; negative is "
-    "a gain. The held-out samples are chosen once per build, the same for every candidate: per "
-    "task, of up to 4 rows no candidate calibrates on, drawn keeping its strata, those the "
-    "original answers at an expected answer-token accuracy of at least 0.2 (ACCURACY_FLOOR), "
-    "picked keeping their strata; a task none of whose rows reaches it is judged on its best and "
-    "listed below_floor (its loss in points is bounded by that accuracy: it can hardly show). A "
+    "a gain. The held-out samples are chosen once per build, the same for every candidate: every "
+    "row of the task no candidate calibrates on (at most --gate-items, drawn keeping its strata); "
+    "a task the original answers under an expected answer-token accuracy of 0.2 "
+    "(ACCURACY_FLOOR) on all of them is listed below_floor (its loss in points is bounded by that "
+    "accuracy: it can hardly show). Each loss comes with a paired bootstrap 95% interval over the "
+    "task's items (quantkit.eval.gate), which decides the task: passed, failed or unresolved. A "
     "sample without answer tokens counts its text positions instead (build.json lists it under "
     "text_scope_samples). build.json also records, as kl_losses, 100 x sum of "
     "KL(original || quantized) / sum of the original's entropy at the same positions "
@@ -52,7 +66,11 @@ ORDER_RULE = (
     "a layer does not divide, last, its record saying why), so the first that passes every task "
     "is the smallest that passes and the larger ones are not built"
 )
-LOSS_VERSION = "answer-accuracy-points-4"  # -4: rows over the accuracy floor, picked by strata
+LOSS_VERSION = "answer-accuracy-points-5"  # -5: every held-out row of a task, with an interval
+DRIFT_METRIC = "expected answer-token accuracy"
+# Items per --eval-tasks task without --gate-items: a 0-or-1 metric moves 100 / (items x score)
+# percent per item, within the 1.5 default for an original that scores a third or more.
+DEFAULT_EVAL_ITEMS = 200
 FIRST = "the target's recipe"  # why the first candidate is tried
 EVAL_PREFIX = "eval "  # an --eval-tasks loss's key: "eval TASK" (drift losses are keyed by the task)
 _CARD_START, _CARD_END = "<!-- quantkit:build:start -->", "<!-- quantkit:build:end -->"
@@ -79,6 +97,7 @@ class CheckpointBuild:
     eval_scores: dict | None = None  # {"items": n, "scores": {task: score}} with --eval-tasks
     traceback: str | None = None  # a library error's (not a QuantkitError), for build.json only
     held_out: str | None = None  # HeldOutChoice.digest(): the held-out rows its losses were measured on
+    intervals: dict[str, dict] | None = None  # per task (eval tasks keyed "eval TASK"): gate.TaskInterval
 
     @property
     def ok(self) -> bool:
@@ -92,7 +111,7 @@ class ChainStep:
     recipe: str
     avg_bits: float | None
     checkpoint: str
-    verdict: str  # kept | over budget | failed | error
+    verdict: str  # kept | over budget | unresolved | failed | error
     cached: bool
     size_ratio: float | None = None
     worst_task: str | None = None
@@ -104,6 +123,9 @@ class ChainStep:
     unmeasured: list[str] = field(default_factory=list)  # held-out tasks without a loss
     predicted_bytes: int | None = None  # the plan's size, by which the further candidates are ordered
     size_unknown: str | None = None  # why the plan cannot predict its size (it was ordered last)
+    # Per task: n, loss, ci_low, ci_high, metric, items (hash), verdict against the target's budget.
+    tasks: dict[str, dict] = field(default_factory=dict)
+    accepted_unresolved: list[str] = field(default_factory=list)  # kept with --accept-unresolved
 
 
 @dataclass
@@ -206,6 +228,30 @@ def build_key(
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _task_items(drift) -> dict[str, list]:
+    """Per task, its samples in the order measured."""
+    found: dict[str, list] = {}
+    for sample in drift.samples:
+        found.setdefault(sample.task, []).append(sample)
+    return dict(sorted(found.items()))
+
+
+def task_intervals(drift) -> dict[str, dict]:
+    """Per task, the drift loss (LOSS_DEFINITION) of its samples with its paired interval: each
+    sample an item, weighted by its loss positions (gate.measure; tasks without one left out)."""
+    found = {}
+    for task, samples in _task_items(drift).items():
+        if sum(s.loss_positions for s in samples) > 0:
+            found[task] = measure(
+                [s.loss_p_original for s in samples],
+                [s.loss_p_quantized for s in samples],
+                [s.loss_positions for s in samples],
+                metric=DRIFT_METRIC,
+                items=[s.id for s in samples],
+            ).to_dict()
+    return found
+
+
 def _task_sums(drift, numerator, denominator) -> dict[str, tuple[float, float]]:
     """Per task, two per-sample figures summed over its samples (tasks whose denominator sums to
     0 left out)."""
@@ -223,9 +269,16 @@ def _percent(value: float) -> float:
 def task_losses(drift) -> dict[str, float]:
     """Per task, percentage points: the drop of the expected teacher-forced answer-token accuracy,
     100 x (sum p_original(y) - sum p_quantized(y)) / number of positions, over the loss positions
-    of its samples (LOSS_DEFINITION; SampleDrift.loss_p_*, loss_positions)."""
-    sums = _task_sums(drift, lambda s: s.loss_p_original - s.loss_p_quantized, lambda s: s.loss_positions)
-    return {task: _percent(100.0 * drop / positions) for task, (drop, positions) in sums.items()}
+    of its samples (LOSS_DEFINITION; SampleDrift.loss_p_*, loss_positions; gate.paired_loss)."""
+    return {
+        task: paired_loss(
+            [s.loss_p_original for s in samples],
+            [s.loss_p_quantized for s in samples],
+            [s.loss_positions for s in samples],
+        )
+        for task, samples in _task_items(drift).items()
+        if sum(s.loss_positions for s in samples) > 0
+    }
 
 
 def task_kl_losses(drift) -> dict[str, float]:
@@ -351,20 +404,24 @@ def _card_section(checkpoint: str, targets: list[TargetBuild]) -> str:
         "",
         f"`quantkit build` {verdict}. Loss: {LOSS_DEFINITION}",
         "",
+        f"Decision: {DECISION}",
+        "",
         f"Candidates: {ORDER_RULE}.",
         "",
     ]
     for target in kept:
+        lines += [f"Target `{target.name}`: {worst_interval_text(target.chain[-1], target)}.", ""]
         lines += [
             f"Target `{target.name}` (budget {budget_text(target)} per task), candidates in the order tried:",
             "",
-            "| # | recipe | avg bits | size | worst task | loss | its KL / entropy | verdict | tried because |",
+            "| # | recipe | avg bits | size | worst task | loss [95% interval] (n) | its KL / entropy | "
+            "verdict | tried because |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for index, step in enumerate(target.chain, 1):
             lines.append(
                 f"| {index} | {step.recipe} | {_fmt_bits(step.avg_bits)} | {_fmt_size(step.size_ratio)} | "
-                f"{step.worst_task or '-'} | {format_loss(step.worst_loss, step.worst_task)} | "
+                f"{step.worst_task or '-'} | {step_interval(step)} | "
                 f"{_fmt_percent(step.kl_losses.get(step.worst_task or ''))} | {step.verdict} | {step.why} |"
             )
         lines.append("")
@@ -421,6 +478,28 @@ def format_loss(loss: float | None, task: str | None) -> str:
     return "-" if loss is None else f"{loss:.3g}{loss_unit(task)}"
 
 
+def step_interval(step: ChainStep) -> str:
+    """The worst task's loss, interval and n (``0.42 [-0.1, 0.9] pts (n=12)``), or its loss alone
+    (a record without intervals)."""
+    record = step.tasks.get(step.worst_task or "")
+    if record is None:
+        return format_loss(step.worst_loss, step.worst_task)
+    return format_interval(record, loss_unit(step.worst_task))
+
+
+def worst_interval_text(step: ChainStep, target: TargetBuild) -> str:
+    """The card's and summary's sentence: budget, n and the worst task's interval."""
+    record = step.tasks.get(step.worst_task or "")
+    if record is None:
+        return f"budget {budget_text(target)} per task; no task measured"
+    counts = sorted({r["n"] for r in step.tasks.values()})
+    n = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+    return (
+        f"budget {budget_text(target)} per task, {n} items per task; the worst task, {step.worst_task}, "
+        f"lost {format_interval(record, loss_unit(step.worst_task))}: {record['verdict']}"
+    )
+
+
 def budget_text(target: TargetBuild) -> str:
     """The target's max_loss with its unit: points, and percent too where --eval-tasks losses
     were judged against it."""
@@ -451,35 +530,45 @@ def resolve_eval_tasks(model_dir: Path, eval_tasks: list[str] | None) -> list[st
 def _judge(
     entry: CheckpointBuild,
     max_loss: float,
-    eval_losses: dict[str, float],
+    eval_intervals: dict[str, dict],
     tasks: set[str],
     below_floor: dict[str, float] | None = None,
+    accept_unresolved: bool = False,
 ) -> ChainStep:
-    """``tasks``: the calibration set's, each of which should have a drift loss (one without: a
+    """Each task decided by its interval against ``max_loss`` (gate.decide): one failed, the step
+    is over budget; one unresolved, unresolved (kept with ``accept_unresolved``, the tasks listed).
+    ``tasks``: the calibration set's, each of which should have a drift loss (one without: a
     task whose every row calibrated the candidate); ``below_floor``: drift tasks whose held-out
     rows the original answers under the accuracy floor, with its accuracy there (judged all the
     same; a note says their loss can hardly show)."""
-    losses = {**(entry.losses or {}), **eval_losses}
+    intervals = {**(entry.intervals or {}), **eval_intervals}
     step = ChainStep(entry.recipe, entry.avg_bits, entry.checkpoint, "kept", False, entry.size_ratio)
-    step.losses = losses
+    step.tasks = {task: verdict_record(interval, max_loss) for task, interval in sorted(intervals.items())}
+    step.losses = {task: interval["loss"] for task, interval in step.tasks.items()}
     step.kl_losses = dict(entry.kl_losses or {})
-    if entry.ok and entry.losses is not None:
-        step.unmeasured = sorted(tasks - set(entry.losses))
-    if losses:
-        step.worst_task = max(losses, key=losses.__getitem__)
-        step.worst_loss = losses[step.worst_task]
+    if entry.ok and entry.intervals is not None:
+        step.unmeasured = sorted(tasks - set(entry.intervals))
+    if step.tasks:  # the task nearest to failing: the highest upper end
+        step.worst_task = max(step.tasks, key=lambda t: (step.tasks[t]["ci_high"], step.losses[t]))
+        step.worst_loss = step.losses[step.worst_task]
+    failed = [t for t, r in step.tasks.items() if r["verdict"] == FAILED]
+    unresolved = [t for t, r in step.tasks.items() if r["verdict"] == UNRESOLVED]
     if not entry.ok:
         step.verdict = entry.status if entry.status == "error" else "failed"
         step.detail = "; ".join(entry.reasons)
-    elif step.worst_loss is not None and step.worst_loss > max_loss + 1e-9:
+    elif failed:
         step.verdict = "over budget"
-        unit = loss_unit(step.worst_task)
-        step.detail = (
-            f"{step.worst_task} lost {format_loss(step.worst_loss, step.worst_task)} > {max_loss}{unit}"
-        )
-    elif not losses:
+        step.detail = "; ".join(_task_line(t, step.tasks[t], f"beyond {max_loss}") for t in failed)
+    elif unresolved:
+        lines = "; ".join(_task_line(t, step.tasks[t], f"holds {max_loss}") for t in unresolved)
+        if accept_unresolved:
+            step.accepted_unresolved = unresolved
+            step.detail = f"kept with --accept-unresolved, unresolved: {lines}"
+        else:
+            step.verdict, step.detail = "unresolved", f"unresolved (counted as failed): {lines}"
+    elif not step.tasks:
         step.detail = "loss not measured (no --calib and no --eval-tasks)"
-    for task in sorted(set(below_floor or {}) & set(losses)):
+    for task in sorted(set(below_floor or {}) & set(step.tasks)):
         note = below_floor_note(task, below_floor[task])
         step.detail = f"{step.detail}; {note}" if step.detail else note
     if entry.text_scope_samples:
@@ -489,6 +578,16 @@ def _judge(
         )
         step.detail = f"{step.detail}; {note}" if step.detail else note
     return step
+
+
+def _task_line(task: str, record: dict, versus: str) -> str:
+    """``ocr lost 2.1 [1.7, 2.6] pts (n=12), beyond 1.5`` (and the items that would resolve it)."""
+    line = f"{task} lost {format_interval(record, loss_unit(task))}, interval {versus}"
+    if record["n"] < MIN_ITEMS:
+        line = f"{task} lost {format_interval(record, loss_unit(task))}, fewer items than an interval needs"
+    if record.get("items_to_resolve"):
+        line += f" (about {record['items_to_resolve']} items would resolve it)"
+    return line
 
 
 def below_floor_note(task: str, accuracy: float) -> str:
@@ -516,20 +615,24 @@ class _TargetFailed(Exception):
 
 
 def _should_try(last: ChainStep | None, limit: float) -> bool:
-    """The candidate before failed: its checks, or a task lost more than ``limit``
-    (pts of drift loss, % of an eval task's score)."""
+    """The candidate before failed: its checks, or a task did not pass ``limit`` (its interval's
+    upper end beyond it: pts of drift loss, % of an eval task's score)."""
     if last is None:
         return False
     if last.verdict in ("failed", "error"):
         return True
-    return last.worst_loss is not None and last.worst_loss > limit + 1e-9
+    return any(decide(r["n"], r["ci_low"], r["ci_high"], limit) != PASSED for r in last.tasks.values())
 
 
 def _further_candidates(target, *, calib: Path | None, max_loss: float, first: ChainStep | None, notes: list):
     """The candidates after the target's recipe whose condition holds, as (recipe, avg bits, why),
     in the file's order (ORDER_RULE sorts them); what is not tried and why goes to ``notes``."""
     found = []
-    missed = first is not None and first.verdict in ("over budget", "failed") and _should_try(first, max_loss)
+    missed = (
+        first is not None
+        and first.verdict in ("over budget", "unresolved", "failed")
+        and _should_try(first, max_loss)
+    )
     for bits in target.avg_bits:
         if missed:
             found.append((target.recipe, bits, f"most sensitive layers at 8 bits, {bits:g} bits on average"))
@@ -578,29 +681,34 @@ def build_checkpoints(
     calib: Path | None = None,
     num_samples: int | None = None,
     vllm: bool = False,
-    drift_samples: int = 12,
+    drift_samples: int | None = None,
     force: bool = False,
     targets_file: Path | None = None,
     max_loss: float | None = None,
     eval_tasks: list[str] | None = None,
-    eval_items: int = 32,
+    gate_items: int | None = None,
+    accept_unresolved: bool = False,
     on_checkpoint=None,
     on_target=None,
+    on_warning=None,
 ) -> BuildReport:
     """Build each target's chain until a candidate meets its accuracy budget (ORDER_RULE).
 
     ``max_loss`` (per task: percentage points of drift loss, percent for eval tasks) overrides
-    every target's ``max_loss``; the loss is drift on ``drift_samples`` held-out calibration
-    samples (LOSS_DEFINITION) and, with ``eval_tasks`` (skills task names of the model's
-    skills.json, or ``skills`` for all), 100% - recovery on ``eval_items`` items per task. A
-    target that fails (bad input, failed proof, failed checks, every candidate over budget) is
+    every target's ``max_loss``; the loss is drift on every held-out calibration row of a task (at
+    most ``gate_items``; LOSS_DEFINITION) and, with ``eval_tasks`` (skills task names of the
+    model's skills.json, or ``skills`` for all), 100% - recovery on ``gate_items`` items per task
+    (DEFAULT_EVAL_ITEMS); each task is decided by its interval (quantkit.eval.gate), unresolved
+    counting as failed unless ``accept_unresolved``. A budget the items cannot resolve for a
+    lossless candidate is an InputError before any quantize (a warning with ``accept_unresolved``).
+    A target that fails (bad input, failed proof, failed checks, every candidate over budget) is
     recorded and the others go on. A candidate whose inputs match the last build and that passed
     its checks then is reused unless ``force``.
     ``on_checkpoint`` is called with each (CheckpointBuild, VerifyReport | None) as it finishes,
-    ``on_target`` with each TargetBuild.
+    ``on_target`` with each TargetBuild, ``on_warning`` with what is said before any quantize.
 
-    Without ``num_samples``, a stratified share of the set (``drift_samples``, at most a quarter
-    of it) is held out of calibration so that the drift check has samples it did not see.
+    Without ``num_samples``, a stratified share of the set (``drift_samples``, by default and at
+    most a quarter of it) is held out of calibration so that the gate has samples it did not see.
     """
     from quantkit.calibset import load_calibration_report
     from quantkit.models.adapters import adapter_for
@@ -612,6 +720,9 @@ def build_checkpoints(
         raise InputError(
             f"--max-loss {max_loss}: a loss in [0, 100] (points of drift loss, percent of an --eval-tasks score)"
         )
+    for option, value in (("--gate-items", gate_items), ("--drift-samples", drift_samples)):
+        if value is not None and value < 1:
+            raise InputError(f"{option} {value}: at least 1")
     model_dir, output_root = Path(model_dir), Path(output_root)
     refuse_overlap(output_root, {"model folder": model_dir, "calibration set": calib}, option="--output-root")
     check_model_folder(model_dir)
@@ -637,13 +748,18 @@ def build_checkpoints(
         drift_samples=drift_samples,
         force=force,
         eval_names=eval_names,
-        eval_items=eval_items,
+        gate_items=gate_items,
+        accept_unresolved=accept_unresolved,
         on_checkpoint=on_checkpoint,
+        on_warning=on_warning,
     )
     run.report.eval_tasks = eval_names
     run.report.requested = [target.name for target in chosen]
     try:
         run.held_out_tasks()  # no held-out sample left: bad input (exit 2) before any quantize
+        run.score_original()
+        budgets = sorted({target.max_loss if max_loss is None else max_loss for target in chosen})
+        run.check_resolvable(budgets)  # before any quantize: InputError, or warnings when accepted
     except _TargetFailed as failed:  # no target can be judged: each fails with the error (exit 1)
         for target in chosen:
             budget = target.max_loss if max_loss is None else max_loss
@@ -689,18 +805,21 @@ class _Run:
     calib_hash: str | None
     num_samples: int | None
     vllm: bool
-    drift_samples: int
+    drift_samples: int | None
     force: bool
     eval_names: list[str]
-    eval_items: int
+    gate_items: int | None
+    accept_unresolved: bool = False
     on_checkpoint: object = None
+    on_warning: object = None
     report: BuildReport = None
     drawn: object = None
     tasks: set[str] | None = None  # of the held-out rows (held_out_tasks)
     held_out: object = None  # drift.HeldOutChoice (held_out_tasks): the rows every candidate is judged on
     set_tasks: set[str] = field(default_factory=set)  # of every row the model can take
     original_scores: dict[str, float] | None = None
-    original_failure: tuple[str, str | None] | None = None  # why the original could not be scored
+    original_items: dict[str, list[float]] | None = None  # the original's per-item scores, per eval task
+    metrics: dict[str, str] = field(default_factory=dict)  # each eval task's metric (skills.SCORERS)
     built: dict[str, CheckpointBuild] = field(default_factory=dict)
     sizes: dict[tuple[str, float | None], int | None] = field(default_factory=dict)  # predicted_bytes
     unplanned: dict[tuple[str, float | None], str] = field(default_factory=dict)  # why no size
@@ -792,7 +911,9 @@ class _Run:
         entry, cached = self.candidate(recipe_name, bits, result.name)
         below = self.below_floor()
         try:
-            step = _judge(entry, max_loss, self.eval_losses(entry), self.set_tasks, below)
+            step = _judge(
+                entry, max_loss, self.eval_intervals(entry), self.set_tasks, below, self.accept_unresolved
+            )
         except _TargetFailed as failed:  # no candidate can be judged: the target fails here
             step = _judge(entry, max_loss, {}, self.set_tasks, below)
             step.verdict, step.detail = "error", failed.reason
@@ -803,6 +924,13 @@ class _Run:
         result.chain.append(step)
         if step.verdict == "kept":
             result.status, result.checkpoint = "passed", entry.checkpoint
+            if step.accepted_unresolved:
+                warning = (
+                    f"target {result.name} kept {Path(entry.checkpoint).name} with --accept-unresolved: "
+                    f"task(s) {', '.join(step.accepted_unresolved)} unresolved against {max_loss}"
+                )
+                result.notes.append(warning)
+                self.report.warnings.append(warning)
         return step
 
     def below_floor(self) -> dict[str, float]:
@@ -867,7 +995,7 @@ class _Run:
             self.num_samples,
             self.vllm,
             avg_bits=avg_bits,
-            drift_samples=self.drift_samples,
+            drift_samples=[self.drift_samples, self.gate_items],  # which rows calibrate, which judge
             held_out=digest,
         )
         entry = CheckpointBuild(
@@ -886,6 +1014,7 @@ class _Run:
                 "kl_losses",
                 "text_scope_samples",
                 "eval_scores",
+                "intervals",
             ):
                 setattr(entry, name, before.get(name))
         else:
@@ -906,7 +1035,8 @@ class _Run:
         if self.drawn is None:
             kinds = processor_capabilities(self.adapter.load_processor(self.model_dir))
             drawn = samples_from_set(self.calib, model_kinds=kinds, num_samples=self.num_samples)
-            held_out = min(self.drift_samples, len(drawn.samples) // 4) if self.num_samples is None else 0
+            spare = len(drawn.samples) // 4  # what the set can spare for the gate
+            held_out = min(self.drift_samples or spare, spare) if self.num_samples is None else 0
             if held_out:  # drift needs samples calibration did not see
                 drawn = samples_from_set(
                     self.calib, model_kinds=kinds, num_samples=len(drawn.samples) - held_out
@@ -942,7 +1072,8 @@ class _Run:
                     self.model_dir,
                     self.calib,
                     exclude_ids=set(self._samples().info["sample_ids"]),
-                    count=max(self.drift_samples, len(tasks)),
+                    count=len(rows),
+                    per_task_items=self.gate_items or len(rows),  # every held-out row of a task
                 )
             except QuantkitError:
                 raise
@@ -983,7 +1114,7 @@ class _Run:
                 vllm=self.vllm,
                 # Every task of the held-out rows measured (at least one sample each), every
                 # candidate on the same samples: those no data recipe calibrated on.
-                num_samples=max(self.drift_samples, len(self.held_out_tasks())),
+                num_samples=len(self.held_out.rows) if self.held_out is not None else 1,
                 exclude_ids=set(self._samples().info["sample_ids"]) if self.calib is not None else None,
                 drift_stratify_by="task",
                 drift_held_out=self.held_out,
@@ -995,6 +1126,7 @@ class _Run:
                 overall = verified.drift.overall
                 entry.drift = {"kl": overall.kl, "top1": overall.top1, "cosine": overall.cosine}
                 entry.losses = task_losses(verified.drift)
+                entry.intervals = task_intervals(verified.drift)
                 entry.kl_losses = task_kl_losses(verified.drift)
                 entry.text_scope_samples = [
                     s.id for s in verified.drift.samples if s.loss_scope != ANSWER_SCOPE
@@ -1013,14 +1145,18 @@ class _Run:
         entry.seconds = round(time.perf_counter() - started, 1)
         return verified
 
+    @property
+    def eval_items(self) -> int:
+        return self.gate_items or DEFAULT_EVAL_ITEMS
+
     def _score(self, entry: CheckpointBuild) -> None:
-        """Skills scores of the candidate for the asked tasks (those not already in its record)."""
+        """Skills scores of the candidate, per item, for the asked tasks (those not already in its
+        record)."""
         from quantkit.eval.skills import score_model
 
-        scores = dict((entry.eval_scores or {}).get("scores") or {})
-        if (entry.eval_scores or {}).get("items") != self.eval_items:
-            scores = {}
-        missing = [name for name in self.eval_names if name not in scores]
+        record = entry.eval_scores or {}
+        items = dict(record.get("item_scores") or {}) if record.get("items") == self.eval_items else {}
+        missing = [name for name in self.eval_names if name not in items]
         if missing:
             try:
                 scored = score_model(Path(entry.checkpoint), missing, items=self.eval_items)
@@ -1031,30 +1167,88 @@ class _Run:
                 message, entry.traceback = _library_failure(error)
                 entry.status, entry.reasons = "error", [*entry.reasons, f"eval: {message}"]
                 return
-            scores.update({t.task: t.score for t in scored.tasks})
-        entry.eval_scores = {"items": self.eval_items, "scores": scores}
+            items.update({t.task: t.item_scores for t in scored.tasks})
+        scores = {task: sum(values) / len(values) for task, values in items.items()}
+        entry.eval_scores = {"items": self.eval_items, "scores": scores, "item_scores": items}
 
-    def eval_losses(self, entry: CheckpointBuild) -> dict[str, float]:
-        """100% - recovery per asked skills task (tasks the original scores 0 on are not judged)."""
+    def score_original(self) -> None:
+        """The original's per-item skills scores (before any quantize: check_resolvable needs
+        them). A failure fails every target (_TargetFailed); out of memory is raised."""
+        if not self.eval_names or self.original_items is not None:
+            return
+        from quantkit.eval.skills import score_model
+
+        try:
+            scored = score_model(self.model_dir, self.eval_names, items=self.eval_items)
+        except QuantkitError as error:
+            raise _TargetFailed(f"scoring the original model: {error}", None) from error
+        except Exception as error:  # a library's error: as in _quantize_and_verify
+            message, trace = _library_failure(error)
+            raise _TargetFailed(f"scoring the original model: {message}", trace) from error
+        self.original_items = {t.task: t.item_scores for t in scored.tasks}
+        self.original_scores = {t.task: t.score for t in scored.tasks}
+        self.metrics = {t.task: t.metric for t in scored.tasks}
+        self.report.eval_original = self.original_scores
+
+    def gate_sizes(self) -> dict[str, tuple[int, float | None]]:
+        """Per task the gate judges: (items, the loss one item's whole change makes, or None for a
+        continuous score), for gate.unresolvable."""
+        from quantkit.eval.skills import HIT_METRICS
+
+        sizes: dict[str, tuple[int, float | None]] = {}
+        for row in self.held_out.rows if self.held_out is not None else []:
+            count, _ = sizes.get(row.task, (0, None))
+            sizes[row.task] = (count + 1, None)  # expected accuracy: continuous
+        for task, values in (self.original_items or {}).items():
+            base = sum(values)
+            if base > 0:  # a task the original scores 0 on is not judged
+                step = 100.0 / base if self.metrics[task] in HIT_METRICS else None
+                sizes[f"{EVAL_PREFIX}{task}"] = (len(values), step)
+        return sizes
+
+    def check_resolvable(self, budgets: list[float]) -> None:
+        """Said before any quantize: the tasks whose items cannot resolve a budget even for a
+        lossless candidate. An InputError, or with --accept-unresolved a warning."""
+        problems = []
+        for task, (count, step) in sorted(self.gate_sizes().items()):
+            for budget in budgets:
+                why = unresolvable(count, budget, step)
+                if why:
+                    problems.append(f"{task} at budget {budget}: {why}")
+                    break
+        if not problems:
+            return
+        if self.accept_unresolved:
+            for line in problems:
+                self.report.warnings.append(f"unresolvable, accepted: {line}")
+                if self.on_warning:
+                    self.on_warning(self.report.warnings[-1])
+            return
+        raise InputError(
+            "the gate's items cannot resolve the budget even for a lossless candidate: "
+            + "; ".join(problems),
+            hint="give the gate more items (a larger calibration set, fewer --num-samples, --gate-items N "
+            "for --eval-tasks), a looser --max-loss, or --accept-unresolved to keep unresolved candidates "
+            "with a warning",
+        )
+
+    def eval_intervals(self, entry: CheckpointBuild) -> dict[str, dict]:
+        """Per asked skills task, 100% - recovery with its paired interval: the original's per-item
+        scores as weights (tasks the original scores 0 on are not judged)."""
         if not self.eval_names or not entry.eval_scores:
             return {}
-        if self.original_scores is None and self.original_failure is None:
-            from quantkit.eval.skills import score_model
+        self.score_original()
+        candidate = entry.eval_scores.get("item_scores") or {}
+        from quantkit.eval.skills import EVAL_SEED
 
-            try:
-                scored = score_model(self.model_dir, self.eval_names, items=self.eval_items)
-                self.original_scores = {t.task: t.score for t in scored.tasks}
-                self.report.eval_original = self.original_scores
-            except QuantkitError as error:
-                self.original_failure = (f"scoring the original model: {error}", None)
-            except Exception as error:  # a library's error: as in _quantize_and_verify
-                message, trace = _library_failure(error)
-                self.original_failure = (f"scoring the original model: {message}", trace)
-        if self.original_failure is not None:  # every target it gates fails; the others go on
-            raise _TargetFailed(*self.original_failure)
-        scores = entry.eval_scores["scores"]
-        return {
-            f"{EVAL_PREFIX}{task}": round(100.0 - 100.0 * scores[task] / base, 4) + 0.0  # -0.0 reads 0.0
-            for task, base in self.original_scores.items()
-            if base > 0 and task in scores
-        }
+        found = {}
+        for task, original in self.original_items.items():
+            if sum(original) > 0 and len(candidate.get(task, [])) == len(original):
+                found[f"{EVAL_PREFIX}{task}"] = measure(
+                    original,
+                    candidate[task],
+                    original,
+                    metric=self.metrics[task],
+                    items=[f"{task}:{EVAL_SEED}:{i}" for i in range(len(original))],
+                ).to_dict()
+        return found

@@ -389,12 +389,15 @@ def choose_held_out_rows(
     per_task: int = CANDIDATES_PER_TASK,
     seed: int = 0,
     floor: float | None = None,
+    per_task_items: int | None = None,
 ) -> HeldOutChoice:
     """The held-out rows (not in ``exclude_ids``, of modalities the model takes) to judge
     candidates on: ``count`` split over the tasks as ``held_out_rows(by="task")`` splits it (one
     row of every task while ``count`` allows); each task's share picked (``_pick``) from up to
     ``max(per_task, share)`` of its rows drawn keeping their strata, scored by the original
-    (``reference``, ``original_accuracy``). ``floor``: default ACCURACY_FLOOR."""
+    (``reference``, ``original_accuracy``). ``floor``: default ACCURACY_FLOOR. ``per_task_items``:
+    instead of splitting ``count``, every task's share is that many of its rows (all it has, if
+    fewer): the build's gate judges each task on all of them."""
     from quantkit.models.adapters import adapter_for
     from quantkit.quantize.run import saved_dtype
 
@@ -405,8 +408,12 @@ def choose_held_out_rows(
     kinds = processor_capabilities(processor)
     rows = held_out_rows(calib, exclude_ids=exclude_ids, count=sys.maxsize, seed=seed, kinds=kinds)
     shares: dict[str, int] = defaultdict(int)
-    for i in stratified_subsample([row["task"] for row in rows], count, seed=seed):
-        shares[rows[i]["task"]] += 1
+    if per_task_items is not None:
+        for row in rows:
+            shares[row["task"]] = min(shares[row["task"]] + 1, per_task_items)
+    else:
+        for i in stratified_subsample([row["task"] for row in rows], count, seed=seed):
+            shares[rows[i]["task"]] += 1
     model = adapter.load_model(reference, dtype=saved_dtype(reference))
     media_ids = _media_ids(model)
     chosen, below = [], []
