@@ -179,8 +179,8 @@ def test_unknown_task_is_exit_2_with_close_names(tmp_path):
 def test_bad_options_are_exit_2(tmp_path):
     original, checkpoint = fake_model(tmp_path / "orig"), fake_model(tmp_path / "ckpt")
     for extra, message in (
-        (["--limit", "0"], "--limit must be at least 1"),
-        (["--max-loss", "-1"], "--max-loss must be a percentage"),
+        (["--limit", "0"], "Invalid value for '--limit'"),
+        (["--max-loss", "-1"], "Invalid value for '--max-loss'"),
         (["--include-path", str(tmp_path / "none")], "--include-path folder not found"),
     ):
         result = invoke(original, checkpoint, "--tasks", "quantkit_prose_ppl", *extra)
