@@ -29,7 +29,9 @@ def smollm2(grafted):
 
 def _chat_ids(processor, text: str) -> torch.Tensor:
     rendered = processor.apply_chat_template(
-        [{"role": "user", "content": [{"type": "text", "text": text}]}], add_generation_prompt=True, tokenize=False
+        [{"role": "user", "content": [{"type": "text", "text": text}]}],
+        add_generation_prompt=True,
+        tokenize=False,
     )
     return processor.tokenizer(rendered, return_tensors="pt")["input_ids"]
 
@@ -117,3 +119,35 @@ def test_skills_manifest_names_the_suite(tmp_path):
     assert manifest["suite"] == "smol-omni-skills"
     assert suite_module(manifest) is smol_tasks
     assert [t["name"] for t in manifest["tasks"]] == [t.name for t in smol_tasks.TASKS]
+
+
+def test_zoo_build_restores_smollm2_plus_the_committed_deltas(grafted, tmp_path):
+    """``zoo build smol-omni-skills`` writes SmolLM2's weights with the trained LoRA merged: the
+    layers below the LoRA are SmolLM2's bit for bit, the adapted ones differ by a low-rank delta."""
+    from safetensors.torch import load_file
+
+    from quantkit.zoo.models import build_zoo_model
+
+    assert smol_skills.WEIGHTS.exists() and smol_skills.RECORD.exists(), "the deltas are committed"
+    out = build_zoo_model("smol-omni-skills", tmp_path / "smol")
+    assert json.loads((out / "skills.json").read_text())["suite"] == "smol-omni-skills"
+    built = {}
+    for shard in sorted(out.glob("*.safetensors")):
+        built.update(load_file(str(shard)))
+    smol = smol_skills.smol_state(grafted[2])
+    adapted = set(smol_skills.LORA_LAYERS)
+    for i in range(30):
+        ours = built[f"model.layers.{i}.mlp.down_proj.weight"].float()
+        theirs = smol[f"model.layers.{i}.mlp.down_proj.weight"].float()
+        delta = ours - theirs
+        if i in adapted:
+            assert delta.abs().max() > 0
+            # bf16 rounding of the merged weight adds noise; the adaptation itself has rank LORA_RANK
+            singular = torch.linalg.svdvals(delta)
+            assert singular[smol_skills.LORA_RANK] < 0.05 * singular[0]
+        else:
+            assert delta.abs().max() == 0
+    assert torch.equal(
+        built["model.embed_tokens.weight"][: smol_skills.SMOL_VOCAB].float(),
+        smol["model.embed_tokens.weight"].float(),
+    )
