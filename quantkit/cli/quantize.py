@@ -230,6 +230,13 @@ def quantize(
     refuse_overlap(cache_dir, inputs, option="--cache-dir")
     plan_target = plan_json or output.with_name(output.name + ".plan.json")
     if dry_run:
+        if len(plan_target.name.encode("utf-8", "surrogateescape")) > 255:
+            raise InputError(
+                f"the plan's file name is {len(plan_target.name.encode('utf-8', 'surrogateescape'))} bytes, "
+                "more than the 255 a file name may have",
+                path=plan_target,
+                hint="give --output (or --plan-json) a shorter name",
+            )
         check_output_file(
             plan_target,
             force,
