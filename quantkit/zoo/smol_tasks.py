@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageDraw
 
+from quantkit.zoo import skills_tasks
 from quantkit.zoo.skills_tasks import COLOURS, SAMPLE_RATE, SHAPES, VIDEO_FPS, _pick, silence, tone
 
 CELL = 28  # pixels under one merged vision token
@@ -80,24 +81,12 @@ CAPITAL_TEMPLATES = [
 
 
 @dataclass(frozen=True)
-class Item:
-    """One probe: the prompt, its media, the exact answer and what each media token should read as."""
+class Item(skills_tasks.Item):
+    """A skills item plus what each media token should read as: per media, in the order images,
+    videos, audios, one token string per merged vision token (raster order; videos: per second,
+    then raster) or per audio token."""
 
-    task: str
-    prompt: str
-    answer: str
-    images: list[Image.Image] = field(default_factory=list)
-    videos: list[np.ndarray] = field(default_factory=list)  # (frames, height, width, 3) uint8
-    audios: list[np.ndarray] = field(default_factory=list)  # float32 at SAMPLE_RATE
-    # Per media, in the order images, videos, audios: one token string per merged vision token
-    # (raster order; videos: per second, then raster) or per audio token.
     targets: list[list[str]] = field(default_factory=list)
-
-    def messages(self) -> list[dict]:
-        content = [{"type": "image"} for _ in self.images]
-        content += [{"type": "video"} for _ in self.videos]
-        content += [{"type": "audio"} for _ in self.audios]
-        return [{"role": "user", "content": [*content, {"type": "text", "text": self.prompt}]}]
 
 
 @dataclass(frozen=True)
