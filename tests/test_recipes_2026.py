@@ -34,6 +34,22 @@ NEW_RECIPES = {
     "nvfp4": ("NVFP4", True, "nvfp4-pack-quantized"),
     "w4a16-awq": ("W4A16", True, "pack-quantized"),
 }
+# Each recipe's error bound, as test_quantize.ERROR_BOUNDS: the relative logit MSE of the reloaded
+# checkpoint may be at most FACTOR x that of round-to-nearest on the checkpoint's own grid (its
+# config groups), simulated on the original model (checkpoint_rtn_simulation below):
+#   (factor, two-sided, why)
+ERROR_BOUNDS = {
+    # Data-free round-to-nearest recipes: the checkpoint is this simulation, up to 16-bit scales
+    # (and, for NVFP4, llmcompressor's global scale shared by fused q/k/v and gate/up layers).
+    "fp8-block": (1.5, True, "the checkpoint is this RTN, up to 16-bit scales"),
+    "nvfp4-a16": (1.5, True, "the checkpoint is this RTN, up to 16-bit scales and fused global scales"),
+    # Weights round to nearest too; the inputs' global scales come from the calibration absmax,
+    # observed here on the original model (the checkpoint's through already quantized layers).
+    "nvfp4": (1.5, True, "the checkpoint is this RTN, up to scales and the observation's inputs"),
+    # GPTQ and AWQ exist to beat round-to-nearest on the same grid.
+    "w4a8-fp8": (1.0, False, "GPTQ must beat round-to-nearest of its own grid"),
+    "w4a16-awq": (1.0, False, "AWQ must beat round-to-nearest of its own grid"),
+}
 # transformers 5.17 cannot reload block-scaled FP8 into fused MoE experts: its DecompressExperts
 # stacks the per-expert weight_scale blocks against the fused weight's rows (size mismatch 256 vs 2).
 FP8_BLOCK_EXPERTS = "transformers' DecompressExperts cannot re-fuse block-scaled FP8 experts"
@@ -182,6 +198,77 @@ def test_an_awq_recipe_needs_an_adapter_with_awq_mappings(zoo_model):
 # ------------------------------------------------------------------------------ the matrix
 
 
+def checkpoint_rtn_simulation(model_dir, checkpoint, samples) -> torch.nn.Module:
+    """The original model with every layer of each of the checkpoint's config groups rounded to
+    nearest on that group's grid, by compressed-tensors' own arithmetic: weight scales from
+    llmcompressor's memoryless min-max observer, dynamic inputs' scales at each call (as
+    compressed-tensors' forward takes them), NVFP4's static input global scale from the inputs'
+    absmax over the calibration samples."""
+    from compressed_tensors.quantization import DynamicType, QuantizationConfig
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp, generate_gparam
+    from compressed_tensors.utils import match_named_modules
+    from llmcompressor.observers import Observer
+    from llmcompressor.observers.fusion import FusionHandler
+    from llmcompressor.observers.helpers import FUSED_LAYER_NAMES
+
+    adapter = adapter_for(model_dir)
+    model = adapter.load_model(model_dir, dtype=torch.bfloat16)
+    test_quantize.unfuse_experts(model)
+    config = QuantizationConfig.model_validate(
+        json.loads((checkpoint / "config.json").read_text())["quantization_config"]
+    )
+    layers = {}  # module name -> (module, scheme)
+    for scheme in config.config_groups.values():
+        for name, module in match_named_modules(model, scheme.targets, config.ignore or []):
+            layers[name] = (module, scheme)
+    assert layers, "no layer of the original matches the checkpoint's config groups"
+    static_global = [
+        n
+        for n, (_, s) in layers.items()
+        if s.input_activations and s.input_activations.dynamic == DynamicType.LOCAL
+    ]
+    input_global = {}
+    if static_global:  # before any weight is rounded: the original's inputs
+        processor = adapter.load_processor(model_dir)
+        calibration = [test_quantize.processor_inputs(processor, sample) for sample in samples]
+        absmax = test_quantize.observed_input_absmax(model, static_global, calibration)
+        input_global = {n: generate_gparam(-a.reshape(1), a.reshape(1)) for n, a in absmax.items()}
+    # Weight scales first, every one before any weight changes: NVFP4's global scale is shared by
+    # the layers vLLM fuses (q/k/v, gate/up), as llmcompressor links their observers.
+    observers = {
+        name: Observer.load_from_registry("memoryless_minmax", base_name="weight", args=scheme.weights)
+        for name, (_, scheme) in layers.items()
+    }
+    for parent in model.modules():
+        for names in FUSED_LAYER_NAMES:
+            fused = [getattr(parent, n, None) for n in names]
+            pairs = [(observers[n], m) for n, (m, _) in layers.items() if any(m is f for f in fused)]
+            if len(pairs) == len(names) > 1:
+                FusionHandler.fuse(pairs)
+    qparams = {}
+    for name, (module, _) in layers.items():
+        observers[name](module.weight.float())
+    for name in layers:
+        qparams[name] = observers[name].get_qparams()
+    for name, (module, scheme) in layers.items():
+        weight, q = module.weight.float(), qparams[name]
+        with torch.no_grad():
+            module.weight.copy_(
+                fake_quantize(weight, q["scale"], q["zero_point"], scheme.weights, q["global_scale"])
+            )
+        if scheme.input_activations is not None:
+            assert scheme.input_activations.dynamic in (True, DynamicType.LOCAL), scheme.input_activations
+
+            def rounded(_module, args, a=scheme.input_activations, g=input_global.get(name)):
+                x = args[0].float()
+                scale, zero_point = compute_dynamic_scales_and_zp(x, a, _module, global_scale=g)
+                return (fake_quantize(x, scale, zero_point, a, global_scale=g).to(args[0].dtype), *args[1:])
+
+            module.register_forward_pre_hook(rounded)
+    return model
+
+
 def awq_smoothed(source, output, prefix: str) -> list[str]:
     """The 16-bit tensors (norms, routers) the checkpoint holds with other values than the
     original's: the layers AWQ scaled (names without the serving prefix)."""
@@ -246,6 +333,20 @@ def test_new_recipe_on_every_zoo_model(quantized, reference, zoo_model, media, n
     }
     print(f"\n{name} {recipe_name}: relative logit MSE after reload {errors}")
     assert max(errors.values()) < 1, errors
+    # The bound its scheme implies: against round-to-nearest on the checkpoint's own grid.
+    factor, two_sided, why = ERROR_BOUNDS[recipe_name]
+    simulated = checkpoint_rtn_simulation(
+        zoo_model(name), output, test_quantize.calibration_samples(name, media)[0]
+    )
+    rtn_errors = {}
+    for kind, (inputs, ref_logits) in reference(name).items():
+        with torch.no_grad():
+            rtn_errors[kind] = test_quantize.relative_mse(simulated(**inputs).logits.float(), ref_logits)
+    ours, rtn = sum(errors.values()) / len(errors), sum(rtn_errors.values()) / len(rtn_errors)
+    print(f"{name} {recipe_name}: round-to-nearest {rtn:.5f}, ratio {ours / rtn:.2f} (bound {factor})")
+    assert ours <= factor * rtn, f"{why}: {ours:.5f} vs {factor} x {rtn:.5f}; {errors} / {rtn_errors}"
+    if two_sided:
+        assert ours >= rtn / factor, f"{why}: {ours:.5f} vs {rtn:.5f} / {factor}; {errors} / {rtn_errors}"
     assert scheme in SERVING and SERVING[scheme] in (output / "README.md").read_text()
 
 
