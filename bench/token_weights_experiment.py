@@ -573,7 +573,7 @@ def render(
             stale_arms = [a for a in arms if any(r["arm"] == a for r in stale)]
             lines += [
                 "",
-                f"Stale runs of {setting}, {row_mark(', '.join(made), False)}: their last figures, not at this "
+                f"Runs of {setting}, {row_mark(', '.join(made), False)}: their last figures, not at this "
                 "code, left out of every verdict (original: " + ("the stored one, stale too" if stale_original
                 else "the current one" if original else "not measured") + "):",
                 "",

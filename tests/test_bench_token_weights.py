@@ -419,7 +419,7 @@ def test_rows_of_another_model_or_other_code_are_not_current(tmp_path, capsys):
     tw.main(["--model", str(model), "--work", str(work), "--render-only", "--results", str(results)])
     text = capsys.readouterr().out
     assert results.read_bytes() == before and list(work.iterdir()) == []
-    current_part, stale_part = text.split("Stale runs of w4a16, ")
+    current_part, stale_part = text.split("Runs of w4a16, ")
     assert "0.777" not in current_part and "0.666" not in current_part
     assert stale_part.startswith("stale (measured at ") and "89abcde" in stale_part.split(")")[0]
     caption_then = next(line for line in stale_part.splitlines() if line.startswith("| image | caption |"))
