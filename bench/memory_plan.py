@@ -241,7 +241,7 @@ def layers(work: Path, code: Path, runs: int = 2) -> dict:
 
 
 def real_row(name: str, memory: dict) -> dict:
-    """One real config's plan as a row of the README's table (sizes in GiB)."""
+    """One real config's plan as a row of the docs table (docs/commands/quantize.md) (sizes in GiB)."""
     return {
         "model": name,
         "recipe": RECIPE,
@@ -315,7 +315,7 @@ TABLE_START, TABLE_END = (
 
 
 def readme_table(rows: list[dict], *, commit: bool = False) -> str:
-    """The rows of ``real`` as the README's Markdown table; ``commit``: with the commit that
+    """The rows of ``real`` as the Markdown table of docs/commands/quantize.md; ``commit``: with the commit that
     measured each row (RESULTS.md's copy)."""
     out = [
         "| model (LM quantized) | recipe | weights (bf16) | per GPU peak (of which GPTQ Hessians) "
@@ -336,7 +336,7 @@ def readme_table(rows: list[dict], *, commit: bool = False) -> str:
 
 
 def write_readme_table(readme: Path, rows: list[dict]) -> None:
-    """Replace the table between the README's markers with ``rows``."""
+    """Replace the table between the page's markers with ``rows``."""
     from quantkit.fsutil import write_file_atomic
 
     text = readme.read_text(encoding="utf-8")
