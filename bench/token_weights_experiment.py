@@ -560,7 +560,7 @@ def render(
         commits = sorted({r["provenance"]["commit"] for r in mine} | ({original["provenance"]["commit"]} if original else set()))
         if not mine and not original:
             lines = lines[:-3]  # no figures at all: no table
-        lines += ["", f"- {setting}: made by {', '.join(commits)}" if commits else f"- {setting}: nothing measured at this code"]
+        lines += ["", f"- {setting}: made by {', '.join(row_mark(c, True) for c in commits)}" if commits else f"- {setting}: nothing measured at this code"]
         waiting: dict[str, list[str]] = {}
         for p in [p for p in pending if p["setting"] == setting]:
             waiting.setdefault(p["status"], []).append(f"{p['arm']} seed {p['seed']}")

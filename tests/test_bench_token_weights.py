@@ -431,6 +431,7 @@ def test_rows_of_another_model_or_other_code_are_not_current(tmp_path, capsys):
     caption = next(line for line in current_part.splitlines() if line.startswith("| image | caption |"))
     assert "| 1.000 ± 0.000 (n=1) | 0.500 ± 0.000 (n=1) |" in caption
     assert "seeds 0;" in text  # seed 1 has no current row
+    assert f"- w4a16: made by {state['commit']} (current)" in current_part
     assert "nothing judged" in text  # one plain seed left: no spread to judge by
     assert "packed weights 1-1 of 2, scales 0-0 of 1" in text  # from the rows' digests
 
