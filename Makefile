@@ -9,7 +9,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 TV_META := $(VLLM_VENV)/lib/python3.11/site-packages/torchvision/_meta_registrations.py
 
-.PHONY: install vllm-env envs demo test test-quick lint clean checkpoints bench bench-real bench-memory bench-skills jargon-text
+.PHONY: install vllm-env envs demo test test-quick lint clean checkpoints bench bench-real bench-memory bench-skills bench-render jargon-text
 
 # pip install --no-compile: pip byte-compiles every .py file it installs (all of torch, transformers,
 # vLLM ...), while Python compiles on first import only the modules a command uses, once. Measured
@@ -118,10 +118,10 @@ bench-real: install jargon-text
 # The memory plan (bench/memory_plan.py, not in `make bench`: ~18 min on 2 cores): the measured peak
 # host memory of w4a16 on tiny thinkers with 2, 4 and 8 decoder layers against the plan, and the plans
 # of the real configs in bench/configs. Stores both parts in bench/memory_plan.json, re-renders the
-# Memory plan section of bench/RESULTS.md and the README's memory-plan table from it.
-# `$(BIN)/python bench/memory_plan.py render --readme README.md` re-renders without measuring.
+# Memory plan section of bench/RESULTS.md and the memory-plan table of docs/commands/quantize.md from it.
+# `$(BIN)/python bench/memory_plan.py render --readme docs/commands/quantize.md` re-renders without measuring.
 bench-memory: install
-	HF_HUB_OFFLINE=1 $(BIN)/python bench/memory_plan.py all --readme README.md
+	HF_HUB_OFFLINE=1 $(BIN)/python bench/memory_plan.py all --readme docs/commands/quantize.md
 
 # The per-task experiments on tiny-omni-skills (issues 17 and 18; not in `make bench`: measured 23 +
 # 10 min on the shared 2-core machine): calibration data (stratified, uniform, text only, captions
@@ -135,6 +135,20 @@ bench-skills: install
 		--recipes w4a16,w8a8-sq-gptq,fp8 --sizes 32,128 --seeds 0,1,2 --items 24 --write-results bench/RESULTS.md
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/token_weights_experiment.py --model $(SKILLS_MODEL) --work $(BENCH_WORK)/tw-skills \
 		--settings w4a16,w4a16-sym-10 --seeds 0,1,2 --items 24 --write-results bench/RESULTS.md
+
+# Re-render every keyed section of bench/RESULTS.md (and the memory-plan table) from the stored
+# rows, measuring nothing: current rows are marked current, stale ones keep their last figures
+# marked "stale (measured at COMMIT)".
+bench-render: install
+	$(BIN)/python bench/mixed_precision.py --render-only --results bench/real_weights.json --write-results bench/RESULTS.md
+	$(BIN)/python bench/pipeline_drift.py --render-only
+	$(BIN)/quantkit zoo build tiny-omni-skills --output $(SKILLS_MODEL) --force
+	$(BIN)/python bench/skills_experiment.py --model $(SKILLS_MODEL) --render-only --write-results bench/RESULTS.md
+	$(BIN)/python bench/token_weights_experiment.py --model $(SKILLS_MODEL) --work $(BENCH_WORK)/tw-skills \
+		--render-only --write-results bench/RESULTS.md
+	$(BIN)/python bench/token_weights_experiment.py --smollm2 --work $(BENCH_WORK)/tw-smol --render-only \
+		--write-results bench/RESULTS.md
+	$(BIN)/python bench/memory_plan.py render --readme docs/commands/quantize.md
 
 # The Jargon File (Debian's jargon-text) is bench-real's text; installed with apt-get where it is
 # missing and apt is there (as root), else skipped with the reason (the bench then says it is missing).

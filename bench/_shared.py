@@ -181,6 +181,19 @@ def replace_section(path: Path, heading: str, body: str) -> None:
     write_file_atomic(path, text)
 
 
+# ---------------------------------------------------------------------- row marks
+
+
+def row_mark(commit: str | None, current: bool, why: str = "") -> str:
+    """How RESULTS.md labels a stored row: ``abc1234 (current)`` when its key matches the code as
+    it is, else ``stale (measured at abc1234; WHY)``. A stale row keeps its figures beside this
+    mark (the last ones measured), so a change to the code never blanks a table."""
+    commit = commit or "unknown"
+    if current:
+        return f"{commit} (current)"
+    return f"stale (measured at {commit}" + (f"; {why}" if why else "") + ")"
+
+
 # ---------------------------------------------------------------------- provenance
 
 # What a cached benchmark row depends on in this repository: the package and the recipes.

@@ -9,18 +9,18 @@
 2. ``real``: ``quantize``'s plan for the config-only folders in bench/configs (real shapes of
    Qwen2.5-Omni-7B, Qwen3-Omni-30B-A3B, Qwen3-VL-8B, Qwen2.5-VL-72B) with w4a16 on one GPU in
    bfloat16, 5,000 samples of 1,000 tokens, the host need (not this machine's spill decision);
-   each plan's wall and CPU time from a fresh process, and the 1-minute load average after it. ``--readme README.md`` writes these rows
-   as the README's table (between its ``memory-plan-table`` markers), so the table is never typed.
+   each plan's wall and CPU time from a fresh process, and the 1-minute load average after it. ``--readme docs/commands/quantize.md`` writes these rows
+   as that page's table (between its ``memory-plan-table`` markers), so the table is never typed.
 
 Each part writes its measurements, with the commit, the library versions and the load average that
 went with them, into its key of ``--json`` (default bench/memory_plan.json; the other part's key
 is kept), and renders RESULTS.md's "Memory plan (issue 16)" section from that file (``--results``,
 default bench/RESULTS.md). ``render`` measures nothing: it rewrites the section (and with
-``--readme`` the README's table) from the stored file. Measuring another checkout (``--code``)
+``--readme`` the Markdown table (docs/commands/quantize.md)) from the stored file. Measuring another checkout (``--code``)
 writes WORK/memory_plan.json and no RESULTS.md unless asked.
 
 Run: python bench/memory_plan.py [layers|real|all|render] [--work DIR] [--code DIR] [--runs 2]
-     [--json FILE] [--results RESULTS.md] [--readme README.md]
+     [--json FILE] [--results RESULTS.md] [--readme docs/commands/quantize.md]
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ def layers(work: Path, code: Path, runs: int = 2) -> dict:
 
 
 def real_row(name: str, memory: dict) -> dict:
-    """One real config's plan as a row of the README's table (sizes in GiB)."""
+    """One real config's plan as a row of the docs table (docs/commands/quantize.md) (sizes in GiB)."""
     return {
         "model": name,
         "recipe": RECIPE,
@@ -315,7 +315,7 @@ TABLE_START, TABLE_END = (
 
 
 def readme_table(rows: list[dict], *, commit: bool = False) -> str:
-    """The rows of ``real`` as the README's Markdown table; ``commit``: with the commit that
+    """The rows of ``real`` as the Markdown table of docs/commands/quantize.md; ``commit``: with the commit that
     measured each row (RESULTS.md's copy)."""
     out = [
         "| model (LM quantized) | recipe | weights (bf16) | per GPU peak (of which GPTQ Hessians) "
@@ -336,7 +336,7 @@ def readme_table(rows: list[dict], *, commit: bool = False) -> str:
 
 
 def write_readme_table(readme: Path, rows: list[dict]) -> None:
-    """Replace the table between the README's markers with ``rows``."""
+    """Replace the table between the page's markers with ``rows``."""
     from quantkit.fsutil import write_file_atomic
 
     text = readme.read_text(encoding="utf-8")
@@ -456,8 +456,8 @@ def layers_verdicts(rows: list[dict]) -> list[str]:
         "while casting, which the plan counts where it exceeds what calibration holds (`host.loading`"
         + (f": {each_run(loading, ' MB')} in these plans" if loading else "")
         + "). The processor outputs of every sample (`prepared.rows`) are freed once the decoder inputs are "
-        "captured; until then they sit next to the captured inputs, which the plan does not count (see README, "
-        "Known limits)."
+        "captured; until then they sit next to the captured inputs, which the plan does not count (see "
+        "docs/limits.md)."
     )
     return out
 
@@ -465,8 +465,8 @@ def layers_verdicts(rows: list[dict]) -> list[str]:
 def real_text(part: dict) -> list[str]:
     return [
         f"**The four real plans** (`real`): {part['recipe']}, one GPU, {part['dtype']}, {part['samples']:,} "
-        f"samples of {part['tokens']:,} tokens, the host need (not this machine's spill decision). The README's "
-        "table is these rows (`--readme README.md` writes it). The dry run builds one decoder layer per kind "
+        f"samples of {part['tokens']:,} tokens, the host need (not this machine's spill decision). The table in "
+        "docs/commands/quantize.md is these rows (`--readme docs/commands/quantize.md` writes it). The dry run builds one decoder layer per kind "
         '(dense / sparse) and multiplies (`tests/test_plan.py` holds that to the whole-tree plan). "dry run '
         '(CPU)" is the CPU time of a fresh process that makes the plan in-process, with the 1-minute load '
         "average after it. " + measured_line(part),
@@ -517,7 +517,7 @@ def main(argv: list[str] | None = None) -> None:
         "--json", type=Path, help=f"the measurements (default {RESULTS_JSON.relative_to(ROOT)})"
     )
     parser.add_argument("--results", type=Path, help="the RESULTS.md to render (default bench/RESULTS.md)")
-    parser.add_argument("--readme", type=Path, help="with real or render: write the table into this README")
+    parser.add_argument("--readme", type=Path, help="with real or render: write the table into this Markdown file (make: docs/commands/quantize.md)")
     parser.add_argument("--child", nargs="+")
     args = parser.parse_args(argv)
     if args.child:

@@ -737,14 +737,13 @@ class Keys:
 
 
 def made_by(row: dict, expected: dict | None) -> str:
-    """The commit that made a row, and whether it still stands for the code as it is."""
+    """The commit that made a row, marked current or stale (_shared.row_mark)."""
+    from _shared import row_mark
+
     made = row.get("provenance") or {}
-    commit = made.get("commit") or "unknown"
     if made.get("legacy"):
-        return f"{commit} (not re-measured)"
-    if expected is not None and made.get("key") == expected["key"]:
-        return commit
-    return f"{commit} (stale: code, recipe or libraries changed since; not re-measured)"
+        return row_mark(made.get("commit"), False, "before rows were keyed")
+    return row_mark(made.get("commit"), expected is not None and made.get("key") == expected["key"])
 
 
 # ---------------------------------------------------------------------- main
@@ -759,10 +758,6 @@ def markdown(results: dict, reference: dict, expected) -> str:
     ]
     for name, row in results.items():
         label = f"{name} ({row['calib_samples']} calibration windows)" if row.get("calib_samples") else name
-        if measured(row) and not is_current(row, expected.get(name)):
-            # Figures other code made are not shown as this code's: the row says who made it.
-            lines.append(f"| {label} | - | - | - | - | - | - | - | {made_by(row, expected.get(name))} |")
-            continue
         if "failed" in row:
             made = made_by(row, expected.get(name))
             if before_rule(row):
@@ -845,6 +840,8 @@ def harness_recovery(folder: Path, work: Path, saved: dict, limit: int, runs: li
 
 
 def harness_table(harness: dict, runs: dict, expected) -> list[str]:
+    from _shared import row_mark
+
     rows = harness.get("rows") or {}
     if not rows:
         return []
@@ -860,14 +857,11 @@ def harness_table(harness: dict, runs: dict, expected) -> list[str]:
         change = 100 * (row["quantized"] / row["original"] - 1)
         # Current only while made from the run's current row (same checkpoint).
         current = (runs.get(name) or {}).get("provenance", {}).get("key") == (expected.get(name) or {}).get("key")
-        made = row.get("commit") or "unknown"
         if row.get("legacy"):
-            made += " (not re-measured)"
-        elif not (current and row.get("key", "").startswith(expected[name]["key"])):
-            made += " (stale: its checkpoint's code changed since; not re-measured)"
-        if made != (row.get("commit") or "unknown"):  # not this code's figures: left out
-            lines.append(f"| {name} | {row.get('limit') or '?'} | - | - | - | - | {made} |")
-            continue
+            made = row_mark(row.get("commit"), False, "before rows were keyed")
+        else:
+            current = current and row.get("key", "").startswith((expected.get(name) or {}).get("key", "-"))
+            made = row_mark(row.get("commit"), current, "" if current else "its checkpoint's code changed since")
         lines.append(
             f"| {name} | {row.get('limit') or '?'} | {row['original']:.2f} | {row['quantized']:.2f} | {change:+.1f}% | "
             f"{row['recovery_pct']:.1f}% | {made} |"
@@ -995,6 +989,7 @@ def results_section(saved: dict, wall_note: str, expected) -> str:
     settings, reference = saved["settings"], saved["reference"]
     current = current_rows(saved["runs"], expected)
     kept = [name for name, row in saved["runs"].items() if measured(row) and name not in current]
+    stale_measured = {name: saved["runs"][name] for name in kept if "ppl" in saved["runs"][name]}
     fewer = sorted({row["calib_samples"] for row in saved["runs"].values() if row.get("calib_samples")})
     cost = (saved.get("sensitivity") or {}).get("cost") or {}
     fisher = (saved.get("sensitivity_fisher") or {}).get("cost") or {}
@@ -1023,8 +1018,9 @@ def results_section(saved: dict, wall_note: str, expected) -> str:
         "",
         "\"made by\": the git commit of the code that measured the row (\"+\": with local changes). A row is "
         "re-measured when quantkit's source, the recipe, this bench's measuring code, its inputs (the text's and the "
-        "model folder's bytes) or a library version changes; rows marked \"not re-measured\" or \"stale\" were made "
-        "by the commit they name and have not been measured with the code as it is: their figures are left out"
+        "model folder's bytes) or a library version changes. \"current\": measured with the code as it is; "
+        "\"stale (measured at COMMIT)\": the figures that commit measured, not re-measured since (`make bench-real` "
+        "measures them again)"
         + (f" ({', '.join(kept)})." if kept else "."),
         "",
         markdown(saved["runs"], reference, expected),
@@ -1035,6 +1031,13 @@ def results_section(saved: dict, wall_note: str, expected) -> str:
         "",
         *(verdicts({n: r for n, r in current.items() if "ppl" in r}, reference) or ["- none: no row is current"]),
     ]
+    if stale_measured:
+        lines += [
+            "",
+            "The same goals on the stale rows (figures measured at the commits their rows name, not at this code):",
+            "",
+            *(verdicts(stale_measured, reference) or ["- no goal applies to the stale rows"]),
+        ]
     if cost:
         lines += [
             "",

@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _shared import ROOT, child_env, replace_section, run_child, write_json  # noqa: E402
+from _shared import ROOT, child_env, replace_section, row_mark, run_child, write_json  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 BASE = "c5e211f^"  # the whole-model (basic pipeline) calibration, before "towers once, decoder many"
@@ -385,13 +385,14 @@ def measure_noise(
     }
 
 
-def render_noise(noise: list[dict]) -> list[str]:
+def render_noise(noise: list[dict], *, current: bool = True) -> list[str]:
     lines = []
     for row in noise:
         base, new, seeded = (groups(row[f"{tag}_samples"]) for tag in ("base", "new", "seed1"))
         lines += [
             "",
-            f"Seed spread, {row['model']} x {row['recipe']} ({row['base_commit']} → {row['new_commit']}): "
+            ("" if current else f"{row_mark(made_by(row), False).capitalize()}: ")
+            + f"Seed spread, {row['model']} x {row['recipe']} ({row['base_commit']} → {row['new_commit']}): "
             f"the new code again on another calibration subsample (`--seed 1`), all three on the same "
             f"{len(row['held_out_ids'])} held-out rows, none of which calibrated any of them: the seed-1 "
             "checkpoint's calibration samples are left out too, so these rows, and the old → new column "
@@ -613,10 +614,56 @@ def provenance(rows: list[dict], stale: list[dict], state: dict | None) -> str:
         text += (
             " (" + ", ".join(f"{name} {version}" for name, version in sorted(state["versions"].items())) + ")"
         )
-    text += "; a stored pair whose key no longer matches is shown as stale, without figures"
+    text += "; a stored pair whose key no longer matches keeps its last figures, in a table marked stale"
     if stale:
         text += f" ({len(stale)} below)"
     return text + "."
+
+
+TABLE_HEAD = [
+    "| model | recipe | modality (samples) | KL old | KL new | top-1 old | top-1 new | verdict "
+    "| pipelines, commits (old → new) |",
+    "|---|---|---|---|---|---|---|---|---|",
+]
+
+
+def pair_table(rows: list[dict], *, current: bool) -> list[str]:
+    """The table lines of ``rows`` (pairs with figures), each group's last cell naming the
+    pipelines and the commits, the new side's marked current or stale (_shared.row_mark)."""
+    lines = []
+    for row in rows:
+        new = groups(row["new_samples"])
+        base = groups(row["base_samples"]) if "base_samples" in row else {}
+        commits = (
+            f"{row.get('base_pipeline') or '-'} {row['base_commit']} → {row['new_pipeline']} "
+            f"{row_mark(made_by(row), current)}"
+        )
+        for name, items in new.items():
+            old = base.get(name)
+            kl_old = f"{_mean([s['kl'] for s in old]):.3g}" if old else "-"
+            top_old = f"{_mean([s['top1'] for s in old]):.3f}" if old else "-"
+            judged = (
+                verdict(old, items)
+                if old
+                else f"no baseline ({row['base_missing'].split(' has ')[0]} has no {row['recipe']})"
+            )
+            lines.append(
+                f"| {row['model']} | {row['recipe']} | {name} ({len(items)}) | {kl_old} "
+                f"| {_mean([s['kl'] for s in items]):.3g} | {top_old} | {_mean([s['top1'] for s in items]):.3f} "
+                f"| {judged} | {commits} |"
+            )
+    return lines
+
+
+def refusals(rows: list[dict], *, current: bool) -> list[str]:
+    lines = []
+    for row in rows:
+        side = row.get("refused_by")
+        made = row_mark(made_by(row), current)
+        commit = row["base_commit"] if side == "base" else made
+        who = f"the {side} code, {commit}" if side else f"{made}; which side: not recorded"
+        lines += ["", f"Refused by `quantize` ({who}): {row['model']} x {row['recipe']}: {row['refused']}"]
+    return lines
 
 
 def render(
@@ -654,32 +701,11 @@ def render(
             else ""
         ),
         "",
-        "| model | recipe | modality (samples) | KL old | KL new | top-1 old | top-1 new | verdict "
-        "| pipelines, commits (old → new) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *TABLE_HEAD,
     ]
     refused = [row for row in rows if "refused" in row]
     rows = [row for row in rows if "refused" not in row]
-    for row in rows:
-        new = groups(row["new_samples"])
-        base = groups(row["base_samples"]) if "base_samples" in row else {}
-        commits = (
-            f"{row.get('base_pipeline') or '-'} {row['base_commit']} → {row['new_pipeline']} {made_by(row)}"
-        )
-        for name, items in new.items():
-            old = base.get(name)
-            kl_old = f"{_mean([s['kl'] for s in old]):.3g}" if old else "-"
-            top_old = f"{_mean([s['top1'] for s in old]):.3f}" if old else "-"
-            judged = (
-                verdict(old, items)
-                if old
-                else f"no baseline ({row['base_missing'].split(' has ')[0]} has no {row['recipe']})"
-            )
-            lines.append(
-                f"| {row['model']} | {row['recipe']} | {name} ({len(items)}) | {kl_old} "
-                f"| {_mean([s['kl'] for s in items]):.3g} | {top_old} | {_mean([s['top1'] for s in items]):.3f} "
-                f"| {judged} | {commits} |"
-            )
+    lines += pair_table(rows, current=True)
     verdicts = [line.split(" | ")[7].split(" (")[0] for line in lines[4:]]
     unjudged, unpaired = verdicts.count("n/a"), verdicts.count("no baseline")
     worse = [" x ".join(line.split(" | ")[:3]).lstrip("| ") for line in lines[4:] if "**worse**" in line]
@@ -705,24 +731,26 @@ def render(
         + ", ".join(f"{verdicts.count(v)} {v.strip('*')}" for v in ("**worse**", "mixed", "same", "better"))
         + (f"; worse: {'; '.join(worse)}." if worse else "; none worse."),
     ]
-    for row in refused:
-        side = row.get("refused_by")
-        commit = row["base_commit"] if side == "base" else made_by(row)
-        who = f"the {side} code, {commit}" if side else f"{made_by(row)}; which side: not recorded"
-        lines += ["", f"Refused by `quantize` ({who}): {row['model']} x {row['recipe']}: {row['refused']}"]
+    lines += refusals(refused, current=True)
     lines += render_noise(noise or [])
     if stale:
+        stale_pairs = [row for row in stale if not row.get("seed_spread") and "refused" not in row]
         lines += [
             "",
             f"Stale ({len(stale)}: measured by other code, or before pairs were keyed; not re-measured at "
-            "this code, so no figures): "
+            "this code): their last figures, each marked with the commit that measured it, left out of the "
+            "counts above: "
             + "; ".join(
-                f"{'seed spread, ' if row.get('seed_spread') else ''}{row['model']} x {row['recipe']} "
-                f"(made by {made_by(row)})"
+                f"{'seed spread, ' if row.get('seed_spread') else ''}{row['model']} x {row['recipe']}, "
+                f"{row_mark(made_by(row), False)}"
                 for row in stale
             )
             + ".",
         ]
+        if stale_pairs:
+            lines += ["", *TABLE_HEAD, *pair_table(stale_pairs, current=False)]
+        lines += refusals([row for row in stale if "refused" in row], current=False)
+        lines += render_noise([row for row in stale if row.get("seed_spread")], current=False)
     measured = {(row["model"], row["recipe"]) for row in [*rows, *refused]}
     left = [f"{m} x {r}" for r in data_recipes() for m in zoo_names() if (m, r) not in measured]
     if left:

@@ -363,11 +363,13 @@ def checked(expected: dict | None, name: str):
 
 
 def made_by(row: dict, expected) -> str:
-    """The commit that made a row, marked stale when its key is not the expected one."""
+    """The commit that made a row, marked current or stale (_shared.row_mark) when checked."""
+    from _shared import row_mark
+
     commit = (row.get("provenance") or {}).get("commit") or "unknown"
-    if expected is UNCHECKED or current(row, expected):
+    if expected is UNCHECKED:
         return commit
-    return f"{commit} (stale: code, model or settings changed since; not re-measured)"
+    return row_mark(commit, current(row, expected))
 
 
 def render(data: dict, expected_runs: dict | None = None, expected_originals: dict | None = None) -> str:
@@ -392,42 +394,52 @@ def render(data: dict, expected_runs: dict | None = None, expected_originals: di
         "so that difference is item noise.",
         "",
     ]
-    tally = {"cells": dict.fromkeys(ARMS, 0), "lost": dict.fromkeys(ARMS, 0), "compared": 0, "found": 0, "above": 0}
-    # Rows (and original scores) other code, another model or other settings made are not this
-    # code's figures: named with their commits, left out of the tables.
-    stale = [] if expected_runs is None else [(n, r) for n, r in runs.items() if not current(r, expected_runs.get(n))]
+    tallies = {
+        stale: {"cells": dict.fromkeys(ARMS, 0), "lost": dict.fromkeys(ARMS, 0), "compared": 0, "found": 0, "above": 0}
+        for stale in (False, True)
+    }
+    # Rows (and original scores) other code, another model or other settings made keep their
+    # figures, in tables of their own marked stale with the commits that measured them; the
+    # tallies keep the two apart.
+    stale = set() if expected_runs is None else {n for n, r in runs.items() if not current(r, expected_runs.get(n))}
     if stale:
-        runs = {n: r for n, r in runs.items() if n not in dict(stale)}
-        commits = sorted({made_by(r, checked(expected_runs, n)) for n, r in stale})
         lines += [
-            f"{len(stale)} stored row(s) are not measured at this code, so their figures are left out: made by "
-            f"{', '.join(commits)}. `make bench-skills` measures them again.",
+            f"{len(stale)} stored row(s) are stale (another model, other code or other settings than now): their "
+            "tables are marked stale and show the figures measured at the commits they name. `make bench-skills` "
+            "measures them again.",
             "",
         ]
+    stale_originals = set()
     if expected_originals is not None:
-        originals = {k: v for k, v in originals.items() if current(v, expected_originals.get(k))}
+        stale_originals = {k for k, v in originals.items() if not current(v, expected_originals.get(k))}
     if not runs:
-        empty = "No rows measured at this code" if stale else "No rows yet"
-        return "\n".join([*lines, f"{empty}: run `python bench/skills_experiment.py --model DIR`."])
+        return "\n".join([*lines, "No rows yet: run `python bench/skills_experiment.py --model DIR`."])
     groups: dict[tuple, list[tuple[str, dict]]] = {}
     for name, row in runs.items():
-        groups.setdefault((row["recipe"], row["size"], row["model"]["hash"], row["items"]), []).append(
+        groups.setdefault((row["recipe"], row["size"], row["model"]["hash"], row["items"], name in stale), []).append(
             (name, row)
         )
     models = {key[2] for key in groups}
     recipes = list(dict.fromkeys(key[0] for key in groups))
-    for recipe, size, model, items in sorted(groups, key=lambda k: (recipes.index(k[0]), k[1], k[2], k[3])):
-        named = groups[(recipe, size, model, items)]
+    for recipe, size, model, items, is_stale in sorted(
+        groups, key=lambda k: (k[4], recipes.index(k[0]), k[1], k[2], k[3])
+    ):
+        named = groups[(recipe, size, model, items, is_stale)]
         rows = [row for _, row in named]
         arms = [a for a in ARMS if any(r["arm"] == a for r in rows)]
         seeds = sorted({r["seed"] for r in rows})
+        # a current table compares with the current original only; a stale one with the stored one
         original = originals.get(f"{model}/{items}")
+        if original is not None and not is_stale and f"{model}/{items}" in stale_originals:
+            original = None
         marks = [made_by(row, checked(expected_runs, name)) for name, row in named]
         if original is not None:
             marks.append(made_by(original, checked(expected_originals, f"{model}/{items}")))
         record = rows[0]["model"].get("record")
         lines += [
-            f"### {recipe}, {size} calibration samples" + (f" (model {model})" if len(models) > 1 else ""),
+            f"### {recipe}, {size} calibration samples"
+            + (f" (model {model})" if len(models) > 1 else "")
+            + (", stale (measured at " + ", ".join(sorted({(r.get('provenance') or {}).get('commit') or 'unknown' for r in rows})) + ")" if is_stale else ""),
             "",
             f"Seeds {', '.join(map(str, seeds))}; {items} held-out items a task; model {model}"
             + (f" (zoo record {record[:12]})" if record else "")
@@ -449,13 +461,17 @@ def render(data: dict, expected_runs: dict | None = None, expected_originals: di
             seconds.append(f"{mean:.0f} ± {spread:.0f}")
         lines += ["| | quantize seconds | | " + " | ".join(seconds) + " |", ""]
         lines += [
-            f"In plain words ({recipe}, {size} samples):",
+            f"In plain words ({recipe}, {size} samples{', stale figures' if is_stale else ''}):",
             "",
             *summary(rows, [t.name for t in TASKS], original),
             "",
         ]
-        count(tally, rows, [t.name for t in TASKS], original)
-    lines.append(overall(tally, len(groups)))
+        count(tallies[is_stale], rows, [t.name for t in TASKS], original)
+    fresh = sum(not key[4] for key in groups)
+    if fresh:
+        lines.append(overall(tallies[False], fresh))
+    if len(groups) > fresh:
+        lines += [""] * bool(fresh) + [overall(tallies[True], len(groups) - fresh, stale=True)]
     if data.get("history"):
         lines += ["", f"Hand-written note kept in the results file (`history`; not a measurement): {data['history']}"]
     return "\n".join(lines)
@@ -479,12 +495,14 @@ def count(tally: dict, rows: list[dict], tasks: list[str], original: dict | None
             tally["above"] += sum(max(a, b) > original["scores"][t] + TOLERANCE for t, _, a, b in found[0])
 
 
-def overall(tally: dict, tables: int) -> str:
-    """The paragraph over every table: losses against the original, differences between arms."""
+def overall(tally: dict, tables: int, *, stale: bool = False) -> str:
+    """The paragraph over every current table (or, ``stale``, every stale one): losses against the
+    original, differences between arms."""
     judged = [a for a in ARMS if tally["cells"][a]]
     losses = "; ".join(f"{a} {tally['lost'][a]} of {tally['cells'][a]}" for a in judged)
     return (
-        f"Over all {tables} tables (recipe x size): (recipe, size, task) cells where an arm lost against "
+        (f"Over the {tables} stale tables (figures measured at earlier commits)" if stale else f"Over all {tables} tables")
+        + " (recipe x size): (recipe, size, task) cells where an arm lost against "
         "the original beyond its seed spread: "
         + (losses if judged else "none judged (no original, or fewer than two seeds)")
         + f". Differences from stratified beyond the seed spread: {tally['found']} of {tally['compared']} "

@@ -11,7 +11,7 @@ under ``-X importtime``; not timed). The rows:
 - ``quantize --dry-run`` (fp8-dynamic: data-free, so no calibration set) on the config-only
   folders of bench/configs (the real shapes of Qwen2.5-Omni-7B, Qwen3-Omni-30B-A3B, Qwen3-VL-8B,
   Qwen2.5-VL-72B); the w4a16 plan of those folders, with its precision guard, is what
-  ``bench/memory_plan.py real`` times for the README.
+  ``bench/memory_plan.py real`` times for docs/commands/quantize.md.
 
 Bytecode: each command is run once first, not counted, with Python free to keep the bytecode it
 compiles (``PYTHONDONTWRITEBYTECODE`` dropped, the files under ``PYTHONPYCACHEPREFIX`` in the

@@ -49,9 +49,9 @@ The SmolLM2 part keeps its rows in ``--results`` (default bench/token_weights.js
 by bench/mixed_precision.py's key function (quantkit's source the measuring process loaded, the
 recipe, the measuring code, the window settings, library versions) and stamped with its commit.
 
-In both parts a row is shown with figures only while its key matches the code (and model) as they
-are; planned runs without such a row are rendered as not measured at this code (missing or
-stale), and the verdicts count the current rows only. ``--render-only`` renders from the file's
+In both parts a row is current while its key matches the code (and model) as they are; a stale
+row keeps its last figures, marked stale with the commit that measured it; a planned run with no
+row is said missing; the verdicts count the current rows only. ``--render-only`` renders from the file's
 plan and rows and measures nothing.
 """
 
@@ -491,7 +491,7 @@ def intro(plan: dict, identity: dict, original: dict | None, runs: list[dict], r
         f"the arm's seed spread (both tests beyond a tolerance of {TOLERANCE:g}: scores are multiples of "
         f"1/{plan['items']}). Rows are keyed by the model's identity, "
         "the quantkit modules the run imported, the measuring code, the recipe and the settings "
-        "(bench/skills_experiment.py's keys), and shown with figures only while their key matches; "
+        "(bench/skills_experiment.py's keys); a row whose key no longer matches keeps its last figures in a table marked stale; "
         '"made by": the commits that measured them. Command: `python bench/token_weights_experiment.py '
         f"--model MODEL --work DIR --settings {','.join(plan['settings'])} --arms {','.join(plan['arms'])} "
         f"--seeds {','.join(map(str, plan['seeds']))} --items {plan['items']} --pool-per-task "
@@ -506,10 +506,15 @@ def render(
     runs: list[dict],
     pending: list[dict] = (),
     results: Path = SKILLS_RESULTS,
+    stale_original: dict | None = None,
 ) -> str:
     """The tiny-omni-skills part from the current rows ``runs`` and the current original row (None
     when it is not measured at this code) over ``plan``; ``pending``: the planned runs without a
-    current row (missing, or stale: made by another model or other code), shown without figures."""
+    current row (missing, or stale: made by another model or other code, with its ``row``). Stale
+    rows (and ``stale_original``, the stored original when it is not current) keep their last
+    figures in a table marked stale, left out of every verdict."""
+    from _shared import row_mark
+
     from quantkit.zoo.skills_tasks import TASKS
 
     judged = judged_tasks(original, plan["items"])
@@ -555,12 +560,35 @@ def render(
         commits = sorted({r["provenance"]["commit"] for r in mine} | ({original["provenance"]["commit"]} if original else set()))
         if not mine and not original:
             lines = lines[:-3]  # no figures at all: no table
-        lines += ["", f"- {setting}: made by {', '.join(commits)}" if commits else f"- {setting}: nothing measured at this code"]
+        lines += ["", f"- {setting}: made by {', '.join(row_mark(c, True) for c in commits)}" if commits else f"- {setting}: nothing measured at this code"]
         waiting: dict[str, list[str]] = {}
         for p in [p for p in pending if p["setting"] == setting]:
             waiting.setdefault(p["status"], []).append(f"{p['arm']} seed {p['seed']}")
         for status, which in waiting.items():
             lines.append(f"- {setting}, not measured at this code ({status}): {', '.join(which)}")
+        stale = [p["row"] for p in pending if p["setting"] == setting and p.get("row")]
+        if stale:
+            made = sorted({r["provenance"]["commit"] for r in stale} | (
+                {stale_original["provenance"]["commit"]} if stale_original else set()))
+            stale_arms = [a for a in arms if any(r["arm"] == a for r in stale)]
+            lines += [
+                "",
+                f"Runs of {setting}, {row_mark(', '.join(made), False)}: their last figures, not at this "
+                "code, left out of every verdict (original: " + ("the stored one, stale too" if stale_original
+                else "the current one" if original else "not measured") + "):",
+                "",
+                "| group | task | original | " + " | ".join(stale_arms) + " |",
+                "|---|---|---|" + "---|" * len(stale_arms),
+            ]
+            compared = stale_original or original
+            for task in TASKS:
+                cells = []
+                for arm in stale_arms:
+                    values = [r["scores"][task.name] for r in stale if r["arm"] == arm]
+                    mean, spread = cell(values)
+                    cells.append(f"{mean:.3f} ± {spread:.3f} (n={len(values)})")
+                first = f"{compared['scores'][task.name]:.3f}" if compared else "not measured"
+                lines.append(f"| {task.group} | {task.name} | {first} | " + " | ".join(cells) + " |")
         for arm in arms[1:]:
             counts = [c for c in (against_plain(runs, r) for r in mine if r["arm"] == arm) if c]
             if counts:
@@ -618,8 +646,8 @@ def closing(original, runs, pending, judged, settled, better_any, worse_any, pla
     if pending:
         out.append(
             f"{len(pending)} of {len(pending) + len(runs)} planned runs are not measured at this code "
-            "(missing, or stale: made by another model or other code), so they show no figures; the "
-            "verdicts count the current runs only."
+            "(missing, or stale: made by another model or other code, shown with their last figures in "
+            "tables marked stale); the verdicts count the current runs only."
         )
     if original is None:
         out.append("The original's scores are not measured at this code, so no task is judged.")
@@ -710,7 +738,7 @@ def skills_main(args) -> str:
     print(f"model {identity['hash']} (record {identity['record']}); code git {state['commit']}", flush=True)
 
     name = se.original_name(identity, plan["items"])
-    original = data["original"].get(name)
+    original = stale_original = data["original"].get(name)
     if not se.current(original, se.expected_original(original, identity, state) if original else None):
         original = None
         if not args.render_only:
@@ -729,7 +757,7 @@ def skills_main(args) -> str:
                 if args.render_only:
                     commit = ((row or {}).get("provenance") or {}).get("commit") or "unknown"
                     status = f"stale: made by {commit} with another model, code or settings" if row else "missing"
-                    pending.append({"setting": setting, "arm": arm, "seed": seed, "status": status})
+                    pending.append({"setting": setting, "arm": arm, "seed": seed, "status": status, "row": row})
                     continue
                 if pool is None:
                     pool = se.write_pool(args.work, plan["pool_per_task"])
@@ -741,7 +769,11 @@ def skills_main(args) -> str:
                 se.save(args.results, data)
                 runs.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k not in ("sample_ids", "tensors", "provenance")}), flush=True)
-    return render(plan, identity, original, runs, pending, args.results) + note(data)
+    if original is None and stale_original is None:  # the stale rows' own model's original
+        models = [p["row"]["model"] for p in pending if p.get("row") and p["row"].get("model")]
+        stale_original = data["original"].get(se.original_name(models[0], plan["items"])) if models else None
+    stale_original = stale_original if original is None else None
+    return render(plan, identity, original, runs, pending, args.results, stale_original) + note(data)
 
 
 # ---------------------------------------------------------------------- SmolLM2-135M (real weights)
@@ -931,8 +963,21 @@ def plan_of(runs: list[dict]) -> dict:
 def smol_render(runs: list[dict], plan: dict | None = None, pending: list[dict] = ()) -> str:
     """The SmolLM2 subsection from the current rows ``runs`` (made by the code as it is) over
     ``plan``; ``pending``: the planned runs without a current row (missing, or stale: made by
-    other code), each shown as not measured at this code, never with figures."""
+    other code, with its ``row``): a stale run shows its last figures marked stale, a missing one
+    says so."""
     import mixed_precision as mp
+    from _shared import row_mark
+
+    def made(group: list[dict], current: bool) -> str:
+        commits = sorted({r["provenance"]["commit"] if "provenance" in r else r["commit"] for r in group})
+        return ", ".join(row_mark(c, current) for c in commits)
+
+    def figures(arm: str, group: list[dict], current: bool) -> str:
+        return (
+            f"| {arm} | {spread_cell([ppl_change(r) for r in group], 2, '%')} | "
+            f"{spread_cell([r['kl'] for r in group])} | {spread_cell([r['top1'] for r in group])} | "
+            f"{len(group)} | {statistics.mean(r['quantize_seconds'] for r in group):.0f} s | {made(group, current)} |"
+        )
 
     plan = plan or plan_of(runs)
     original = f"perplexity {runs[0]['original_ppl']:.3f}" if runs else "its perplexity not measured at this code"
@@ -954,8 +999,8 @@ def smol_render(runs: list[dict], plan: dict | None = None, pending: list[dict] 
         f"--smol-eval {plan['eval_windows']} --write-results bench/RESULTS.md`. Rows are kept in "
         "`bench/token_weights.json`, each keyed as bench/mixed_precision.py keys its rows (quantkit's "
         "source it loaded, the recipe, the measuring code, the settings, library versions) and stamped with "
-        "the commit that made it (\"made by\"); a run is shown with figures only while its key matches the code "
-        "as it is.",
+        "the commit that made it (\"made by\"): current while its key matches the code as it is, else its last "
+        "figures are shown marked stale (measured at that commit) and left out of the verdicts.",
     ]
     verdicts = []
     for setting in [s for s in SMOL_SETTINGS if s in plan["settings"]]:
@@ -980,16 +1025,15 @@ def smol_render(runs: list[dict], plan: dict | None = None, pending: list[dict] 
         for arm in arms:
             group = [r for r in mine if r["arm"] == arm]
             if group:
-                commits = ", ".join(sorted({r["provenance"]["commit"] if "provenance" in r else r["commit"] for r in group}))
-                lines.append(
-                    f"| {arm} | {spread_cell([ppl_change(r) for r in group], 2, '%')} | "
-                    f"{spread_cell([r['kl'] for r in group])} | {spread_cell([r['top1'] for r in group])} | "
-                    f"{len(group)} | {statistics.mean(r['quantize_seconds'] for r in group):.0f} s | {commits} |"
-                )
-            absent = [p for p in waiting if p["arm"] == arm]
+                lines.append(figures(arm, group, True))
+            stale = [p["row"] for p in waiting if p["arm"] == arm and p.get("row")]
+            if stale:
+                seeds_said = ", ".join(str(r["seed"]) for r in stale)
+                lines.append(figures(arm, stale, False).replace(f"| {arm} |", f"| {arm} (seeds {seeds_said}) |", 1))
+            absent = [p for p in waiting if p["arm"] == arm and not p.get("row")]
             if absent:
                 said = "; ".join(f"seed {p['seed']} {p['status']}" for p in absent)
-                lines.append(f"| {arm} | not measured at this code: {said} | - | - | 0 | - | - |")
+                lines.append(f"| {arm} | not measured: {said} | - | - | 0 | - | - |")
         plain = [r for r in mine if r["arm"] == "plain"]
         lines.append("")
         if len(seeds) < 2 or not plain:
@@ -1011,8 +1055,8 @@ def smol_render(runs: list[dict], plan: dict | None = None, pending: list[dict] 
         lines += [
             "",
             f"{len(pending)} of {len(pending) + len(runs)} planned runs are not measured at this code (missing, "
-            "or stale: made by other code), so they show no figures; the verdicts count the current runs only. "
-            "The command above measures them (minutes of CPU each).",
+            "or stale: made by other code, shown with their last figures marked stale); the verdicts count the "
+            "current runs only. The command above measures them (minutes of CPU each).",
         ]
     if verdicts:
         helped = [f"{arm} ({setting})" for setting, arm, kl, ppl, _ in verdicts if "better" in (kl, ppl)]
@@ -1081,8 +1125,8 @@ def smol_main(args) -> str:
                     runs.append(row)
                     continue
                 if args.render_only:
-                    status = f"stale (made by {made.get('commit') or 'unknown'} with other code)" if row else "missing"
-                    pending.append({"setting": setting, "arm": arm, "seed": seed, "status": status})
+                    status = "stale" if row else "missing"
+                    pending.append({"setting": setting, "arm": arm, "seed": seed, "status": status, "row": row})
                     continue
                 row = smol_measure(args.work, plan, setting, arm, seed, inputs(), reference)
                 row["provenance"] = smol_provenance(plan, setting, arm, seed, state, loaded_sources())

@@ -104,7 +104,7 @@ def test_every_row_names_the_commit_that_measured_it():
         assert row_of(text, str(layers)).endswith("| aaa1111 |")
     assert row_of(text, "Qwen2.5-Omni-7B").endswith("| bbb2222 |")
     assert "at commit aaa1111" in text and "at commit bbb2222" in text
-    # the README's copy of the table carries no commit column, the same figures
+    # the docs page's copy of the table carries no commit column, the same figures
     readme = mp.readme_table(sample_data()["real"]["rows"])
     assert "bbb2222" not in readme and row_of(text, "Qwen2.5-Omni-7B").startswith(
         row_of(readme, "Qwen2.5-Omni-7B")

@@ -102,17 +102,20 @@ def test_the_cli_records_the_quantkit_files_it_loaded(tmp_path):
     assert not pd.built(log, log)  # made, but with no record of what made it: made again
 
 
-def test_render_shows_current_pairs_names_stale_ones_without_figures_and_lists_the_rest():
+def test_render_shows_current_pairs_and_stale_ones_with_their_last_figures_marked_stale_and_lists_the_rest():
     current = fake_pair("tiny-qwen3", "w4a16", [0.011, 0.012, 0.013])
     stale = fake_pair("tiny-qwen3-vl", "fp8", [0.5, 0.6, 0.7]) | {
         "provenance": {"commit": "1111111", "legacy": True}
     }
     text = pd.render([current], [], [stale], STATE)
-    table = [line for line in text.splitlines() if line.startswith("| tiny-")]
+    main_table, stale_part = text.split("Stale (1:")
+    table = [line for line in main_table.splitlines() if line.startswith("| tiny-")]
     assert table and all(line.startswith("| tiny-qwen3 | w4a16 |") for line in table)
-    assert f"basic {BASE} → sequential {STATE['commit']}" in table[0]
-    assert "tiny-qwen3-vl x fp8 (made by 1111111)" in text
-    assert "0.6" not in text  # the stale pair's figures are not shown
+    assert f"basic {BASE} → sequential {STATE['commit']} (current)" in table[0]
+    assert "tiny-qwen3-vl x fp8, stale (measured at 1111111)" in stale_part
+    # the stale pair keeps its figures (mean KL 0.6), marked stale, in a table of its own
+    stale_rows = [line for line in stale_part.splitlines() if line.startswith("| tiny-qwen3-vl | fp8 | all (3) |")]
+    assert stale_rows and "| 0.6 |" in stale_rows[0] and stale_rows[0].endswith("stale (measured at 1111111) |")
     assert "torch 1" in text  # the versions the pairs were checked against
     left = text.split("Not measured at this code (")[1]
     assert "tiny-qwen3-vl x fp8" in left and "tiny-qwen3 x w4a16," not in left
@@ -133,8 +136,8 @@ def test_render_only_writes_the_section_from_the_stored_pairs(tmp_path):
     )
     text = results.read_text()
     assert text.count(pd.HEADING) == 1 and "## Other\n\nkept" in text
-    assert "| tiny-qwen3 | w4a16 | all (3) |" in text and "| tiny-qwen3 | fp8 |" not in text
-    assert f"tiny-qwen3 x fp8 (made by {state['commit']})" in text.split("Stale (1:")[1]
+    assert "| tiny-qwen3 | w4a16 | all (3) |" in text and "| tiny-qwen3 | fp8 |" not in text.split("Stale (1:")[0]
+    assert f"tiny-qwen3 x fp8, stale (measured at {state['commit']})" in text.split("Stale (1:")[1]
     assert not (tmp_path / "w").exists()  # rendering measures nothing
     # the stored file is written through one rename, and reads back as it was stored
     data = pd.load(pairs)

@@ -134,7 +134,7 @@ def test_render_one_table_per_recipe_and_size_from_the_rows_only():
     assert "| group | task | original | stratified | uniform |" in first
     mean, spread = statistics.mean([0.9, 0.8]), 0.9 - 0.8
     assert f"| {TASKS[0].group} | {task} | 1.000 | {mean:.3f} ± {spread:.3f} (n=2) |" in first
-    assert f"made by {STATE['commit']}." in first and "stale" not in text
+    assert f"made by {STATE['commit']} (current)." in first and "stale" not in text
     assert "In plain words (w4a16, 32 samples):" in first
     assert f"{task}: stratified {mean:.3f} vs uniform 0.550, original 1.000 (stratified better by 0.300)" in first
     assert "- uniform vs the original: lost beyond its seed spread on" in first
@@ -156,12 +156,15 @@ def test_a_changed_model_identity_settings_or_code_invalidates_a_row():
     assert not se.current(row | {"recipe": "fp8"}, se.expected_run(row | {"recipe": "fp8"}, IDENTITY, STATE))
     # the commit is for display only: another commit with the same code keeps the row
     assert se.current(row, se.expected_run(row, IDENTITY, STATE | {"commit": "def5678"}))
-    # rendered against another model, the row is marked stale
+    # rendered against another model, the row keeps its figures, marked stale with its commit
     data = {"original": {}, "runs": {se.run_name("w4a16", "stratified", 32, 0): row}}
     stale = se.render(data, *se.expected_keys(data, other_model, STATE))
-    assert "abc1234 (stale:" in stale
-    assert "| group | task |" not in stale and "No rows measured at this code" in stale  # no figures shown
-    assert "| group | task |" in se.render(data, *se.expected_keys(data, IDENTITY, STATE))
+    assert "### w4a16, 32 calibration samples, stale (measured at abc1234)" in stale
+    assert "made by stale (measured at abc1234)." in stale
+    assert "| group | task |" in stale and "(n=1)" in stale  # its figures, not blanks
+    assert "Over the 1 stale tables" in stale and "Over all" not in stale  # kept apart from current tables
+    current = se.render(data, *se.expected_keys(data, IDENTITY, STATE))
+    assert "| group | task |" in current and "stale" not in current
 
 
 def test_model_identity_follows_the_weights_tokenizer_configs_and_skills_manifest(tmp_path):
@@ -205,11 +208,11 @@ def test_render_only_writes_the_section_and_marks_rows_of_another_model_stale(tm
     se.main(argv)
     text = readme.read_text()
     assert se.SECTION in text and "## Other\n\nkept" in text and "stale" not in text
-    assert f"made by {state['commit']}" in text
+    assert f"made by {state['commit']} (current)" in text
 
     (model / "model.safetensors").write_bytes(b"retrained")
     se.main(argv)
-    assert f"{state['commit']} (stale:" in readme.read_text()
+    assert f"stale (measured at {state['commit']})" in readme.read_text()
     assert readme.read_text().count(se.SECTION) == 1
     capsys.readouterr()
 

@@ -238,9 +238,9 @@ def test_rows_name_their_commit_and_stale_rows_say_so():
     assert made["key"] != mp.provenance("rtn-g64", spec, settings, state, None)["key"]
     row = {"ppl": 40.0, "kl": 0.5, "top1": 0.6, "reference_ppl": 36.0, "provenance": made}
     legacy = {**row, "provenance": {"commit": "1679748 or earlier", "legacy": True}}
-    assert mp.made_by(row, made) == "1234567"
-    assert mp.made_by(row, now).startswith("1234567 (stale")
-    assert mp.made_by(legacy, now) == "1679748 or earlier (not re-measured)"
+    assert mp.made_by(row, made) == "1234567 (current)"
+    assert mp.made_by(row, now) == "stale (measured at 1234567)"
+    assert mp.made_by(legacy, now) == "stale (measured at 1679748 or earlier; before rows were keyed)"
     saved = {
         "settings": settings,
         "reference": {"ppl": 36.0, "tokens": 10},
@@ -248,14 +248,14 @@ def test_rows_name_their_commit_and_stale_rows_say_so():
     }
     expected = {"rtn-g64": made, "quantkit-w4a16": now}
     section = mp.results_section(saved, "test", expected)
-    assert "| rtn-g64 | - | - | 40.00 | +11.1% | 0.500 | 0.600 | seconds | 1234567 |" in section
-    assert "1679748 or earlier (not re-measured)" in section
+    assert "| rtn-g64 | - | - | 40.00 | +11.1% | 0.500 | 0.600 | seconds | 1234567 (current) |" in section
+    assert "stale (measured at 1679748 or earlier; before rows were keyed)" in section
     assert mp.current_rows(saved["runs"], expected) == {"rtn-g64": row}
-    # A row other code made shows who made it, not its figures.
+    # A row other code made keeps its last figures, marked stale with the commit that measured them.
     saved["runs"]["rtn-g64"] = {**row, "ppl": 77.0, "kl": 0.777, "provenance": now}
     section = mp.results_section(saved, "test", {"rtn-g64": made, "quantkit-w4a16": now})
-    assert "| rtn-g64 | - | - | - | - | - | - | - | 89abcde (stale" in section
-    assert "77.00" not in section and "0.777" not in section
+    assert "| rtn-g64 | - | - | 77.00 | +113.9% | 0.777 | 0.600 | seconds | stale (measured at 89abcde) |" in section
+    assert "| - | - | - | - | - | - | - |" not in section  # no blank row
 
 
 def test_real_weights_rows_are_keyed_by_the_text_and_the_model_folder(tmp_path, monkeypatch):
@@ -290,7 +290,7 @@ def test_real_weights_rows_are_keyed_by_the_text_and_the_model_folder(tmp_path, 
     row_key = mp.provenance("rtn-g64", {"run": "rtn-g64"}, {**settings, "inputs": made}, state, None)
     now_key = mp.provenance("rtn-g64", {"run": "rtn-g64"}, {**settings, "inputs": other_model}, state, None)
     row = {"ppl": 40.0, "kl": 0.5, "top1": 0.6, "reference_ppl": 36.0, "provenance": row_key}
-    assert mp.made_by(row, now_key).startswith("1234567 (stale")
+    assert mp.made_by(row, now_key) == "stale (measured at 1234567)"
 
 
 def test_goals_put_each_scheme_under_the_bar_of_its_class():

@@ -180,11 +180,12 @@ def keyed_results(
     return saved
 
 
-def test_smol_rows_are_keyed_by_the_code_and_only_current_ones_show_figures(tmp_path, capsys):
+def test_smol_rows_are_keyed_by_the_code_and_stale_ones_keep_their_figures_marked_stale(tmp_path, capsys):
     """The SmolLM2 rows carry bench/mixed_precision.py's key (recipe, seed, settings, measuring
-    code, library versions, quantkit's source): a row made by other code, or a planned run with
-    no row, is rendered as not measured at this code, without its figures; a current row shows
-    them with the commit that made it. --render-only measures nothing (no SmolLM2 here)."""
+    code, library versions, quantkit's source): a row made by other code keeps its last figures,
+    marked stale with the commit that measured it, and stays out of the verdicts; a planned run
+    with no row says so; a current row is marked current. --render-only measures nothing (no
+    SmolLM2 here)."""
     import mixed_precision as mp
 
     results = tmp_path / "token_weights.json"
@@ -194,9 +195,10 @@ def test_smol_rows_are_keyed_by_the_code_and_only_current_ones_show_figures(tmp_
     tw.main(["--smollm2", "--work", str(tmp_path / "work"), "--render-only", "--results", str(results)])
     text = capsys.readouterr().out
     row = next(line for line in text.splitlines() if line.startswith("| plain | 21.11%"))
-    assert current["commit"] in row and "| 1 |" in row  # seed 0 alone: seed 1's figures left out
-    assert "0.9876" not in text and "98.76" not in text
-    assert "seed 1 stale (made by 89abcde with other code); seed 2 missing" in text
+    assert f"{current['commit']} (current)" in row and "| 1 |" in row  # seed 0 alone: seed 1 has its own row
+    stale = next(line for line in text.splitlines() if line.startswith("| plain (seeds 1) |"))
+    assert "98.76%" in stale and "0.9876" in stale and stale.endswith("| 1 | 101 s | stale (measured at 89abcde) |")
+    assert "| plain | not measured: seed 2 missing |" in text
     assert "2 of 3 planned runs are not measured at this code" in text
 
 
@@ -394,8 +396,9 @@ def test_the_intro_names_the_results_file_it_was_rendered_from(tmp_path):
 
 def test_rows_of_another_model_or_other_code_are_not_current(tmp_path, capsys):
     """A row keyed under another model identity or other measuring code is stale: not reused,
-    rendered without its figures; current rows are rendered with theirs. --render-only measures
-    nothing: the stored file and the scratch folder stay as they were."""
+    rendered with its last figures in a table marked stale, out of the verdicts; current rows are
+    rendered with theirs. --render-only measures nothing: the stored file and the scratch folder
+    stay as they were."""
     model = fake_model(tmp_path / "model")
     identity = se.model_identity(model)
     state = tw.skills_state()
@@ -416,14 +419,19 @@ def test_rows_of_another_model_or_other_code_are_not_current(tmp_path, capsys):
     tw.main(["--model", str(model), "--work", str(work), "--render-only", "--results", str(results)])
     text = capsys.readouterr().out
     assert results.read_bytes() == before and list(work.iterdir()) == []
-    assert "0.777" not in text and "0.666" not in text
+    current_part, stale_part = text.split("Runs of w4a16, ")
+    assert "0.777" not in current_part and "0.666" not in current_part
+    assert stale_part.startswith("stale (measured at ") and "89abcde" in stale_part.split(")")[0]
+    caption_then = next(line for line in stale_part.splitlines() if line.startswith("| image | caption |"))
+    assert "| 0.777 ± 0.000 (n=1) | 0.666 ± 0.000 (n=1) |" in caption_then  # plain, imatrix seed 1
     stale = [line for line in text.splitlines() if line.startswith("- w4a16, not measured at this code (stale")]
     assert any(line.endswith("): plain seed 1") for line in stale)  # another model
     assert any("made by 89abcde" in line and line.endswith("): imatrix seed 1") for line in stale)  # other code
     assert "2 of 4 planned runs are not measured at this code" in text
-    caption = next(line for line in text.splitlines() if line.startswith("| image | caption |"))
+    caption = next(line for line in current_part.splitlines() if line.startswith("| image | caption |"))
     assert "| 1.000 ± 0.000 (n=1) | 0.500 ± 0.000 (n=1) |" in caption
     assert "seeds 0;" in text  # seed 1 has no current row
+    assert f"- w4a16: made by {state['commit']} (current)" in current_part
     assert "nothing judged" in text  # one plain seed left: no spread to judge by
     assert "packed weights 1-1 of 2, scales 0-0 of 1" in text  # from the rows' digests
 
@@ -440,7 +448,8 @@ def test_stale_original_judges_nothing(tmp_path, capsys):
     results.write_text(json.dumps(data), encoding="utf-8")
     tw.main(["--model", str(model), "--work", str(tmp_path / "work"), "--render-only", "--results", str(results)])
     text = capsys.readouterr().out
-    assert "0.888" not in text and "original scores not measured at this code" in text
+    assert "original scores not measured at this code" in text
+    assert "0.888" not in text  # no stale run to show the stale original beside
     assert "The original's scores are not measured at this code, so no task is judged." in text
 
 
@@ -625,7 +634,8 @@ def test_a_change_to_anything_the_skills_key_covers_makes_the_rows_stale(zoo_mod
         original = "original scores not measured at this code" in text
         runs = f"{len(rows)} of {len(rows)} planned runs are not measured at this code" in text
         assert original == runs, text  # the original and the runs share the model and code
-        assert ("0.777" in text and "0.888" in text) != runs  # figures only while current
+        assert "0.777" in text and "0.888" in text  # the last figures, current or stale
+        assert ("stale (measured at" in text) == runs
         return runs
 
     assert not stale()

@@ -279,8 +279,8 @@ def test_loading_in_another_dtype_than_the_checkpoints_counts_the_cast(zoo_model
     assert cast["host"]["total"] == same["host"]["total"] + same["host"]["model"] + cast["host"]["loading"]
 
 
-def test_the_readme_table_is_the_plans_of_the_four_real_configs():
-    """README's table of real sizes is what `bench/memory_plan.py real --readme` writes from the
+def test_the_quantize_page_table_is_the_plans_of_the_four_real_configs():
+    """docs/commands/quantize.md's table of real sizes is what `bench/memory_plan.py real --readme` writes from the
     dry run's plans of bench/configs (every figure but the measured CPU time)."""
     import importlib.util
 
@@ -288,13 +288,13 @@ def test_the_readme_table_is_the_plans_of_the_four_real_configs():
     spec = importlib.util.spec_from_file_location("memory_plan_bench", root / "bench" / "memory_plan.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    readme = (root / "README.md").read_text(encoding="utf-8")
+    readme = (root / "docs" / "commands" / "quantize.md").read_text(encoding="utf-8")
     table = readme[readme.index(bench.TABLE_START) : readme.index(bench.TABLE_END)].splitlines()
     for name in bench.REAL:
         memory = bench.real_plan(root / "bench" / "configs" / name).memory
         line = bench.readme_table([{**bench.real_row(name, memory), "plan_cpu_s": 0}]).splitlines()[-1]
         figures = line.rsplit("|", 2)[0]  # the last cell is the measured CPU time
-        assert any(row.startswith(figures) for row in table), f"README's row for {name} is not {figures}"
+        assert any(row.startswith(figures) for row in table), f"docs/commands/quantize.md's row for {name} is not {figures}"
 
 
 PLAN_THEN_ASSIST = """

@@ -60,7 +60,7 @@ NVFP4_EXPERTS = (
     "transformers' DecompressExperts drops the NVFP4 experts' weight_global_scale (experts reload "
     "about 30,000x too large)"
 )
-# Strict: the day one reloads, it fails here and its known limit in README goes.
+# Strict: the day one reloads, it fails here and its known limit in docs/limits.md (and README) goes.
 KNOWN_RELOAD_FAILURES = {
     ("tiny-qwen3-omni-moe", "fp8-block"): FP8_BLOCK_EXPERTS,
     ("tiny-qwen3-omni-moe", "nvfp4-a16"): NVFP4_EXPERTS,
