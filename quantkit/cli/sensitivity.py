@@ -114,8 +114,8 @@ def sensitivity(
 
     from quantkit.models.adapters import adapter_for
     from quantkit.models.inputs import processor_capabilities
+    from quantkit.precision.table import save_table
     from quantkit.quantize.calibration_set import samples_from_set
-    from quantkit.sensitivity import save_table
     from quantkit.sensitivity import sensitivity as measure
 
     resolved = adapter_for(model, adapter)
