@@ -184,7 +184,7 @@ def measure_run(model: Path, pool: Path, work: Path, setting: str, arm: str, see
     key and settings."""
     from quantkit.eval.skills import score_model
     from quantkit.quantize import quantize
-    from quantkit.zoo.skills_tasks import TASKS
+    from quantkit.synthetic.skills_tasks import TASKS
 
     size = SETTINGS[setting][1]
     drawn = drawn_samples(model, pool, work, size, seed, built)
@@ -251,7 +251,7 @@ def answer_distribution(task: str) -> dict[str, float] | None:
     import itertools
     import math
 
-    from quantkit.zoo import skills_tasks as st
+    from quantkit.synthetic import skills_tasks as st
 
     def uniform(answers) -> dict[str, float]:
         answers = list(answers)
@@ -293,7 +293,7 @@ def chance_level(task: str) -> tuple[float, str] | None:
     task's own metric, with that answer: what a model that ignores the input can score. None for a
     task whose answers are not enumerated here."""
     from quantkit.eval.skills import SCORERS
-    from quantkit.zoo.skills_tasks import TASKS_BY_NAME
+    from quantkit.synthetic.skills_tasks import TASKS_BY_NAME
 
     answers = answer_distribution(task)
     if answers is None:
@@ -323,7 +323,7 @@ def judged_threshold(task: str, items: int) -> float | None:
 def judged_tasks(original: dict | None, items: int | None = None) -> list[str]:
     """The tasks the original answers clearly above chance (``judged_threshold``) on its held-out
     items (``items``, default the original row's own count)."""
-    from quantkit.zoo.skills_tasks import TASKS
+    from quantkit.synthetic.skills_tasks import TASKS
 
     if original is None:
         return []
@@ -424,7 +424,7 @@ def shown_path(path: Path) -> str:
 
 def judged_rule(items: int) -> str:
     """The judged rule in words, from the constants, with each task's chance level and threshold."""
-    from quantkit.zoo.skills_tasks import TASKS
+    from quantkit.synthetic.skills_tasks import TASKS
 
     levels = []
     for t in TASKS:
@@ -510,7 +510,7 @@ def render(
     """The tiny-omni-skills part from the current rows ``runs`` and the current original row (None
     when it is not measured at this code) over ``plan``; ``pending``: the planned runs without a
     current row (missing, or stale: made by another model or other code), shown without figures."""
-    from quantkit.zoo.skills_tasks import TASKS
+    from quantkit.synthetic.skills_tasks import TASKS
 
     judged = judged_tasks(original, plan["items"])
     unmoved = unmoved_tasks(original, runs, judged)
@@ -608,7 +608,7 @@ def render(
 
 def closing(original, runs, pending, judged, settled, better_any, worse_any, plain_loses, arm_loses=(), unmoved=()) -> str:
     """The paragraph after the tables: every statement computed from the rows."""
-    from quantkit.zoo.skills_tasks import TASKS
+    from quantkit.synthetic.skills_tasks import TASKS
 
     precision = [t.name for t in TASKS if t.family in PRECISION_FAMILIES]
     tested = [t for t in precision if t in judged and t not in unmoved]

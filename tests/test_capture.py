@@ -16,13 +16,14 @@ from PIL import Image
 
 from quantkit.features.capture import capture_decoder_inputs, decoder_loader, uniform_kwargs
 from quantkit.features.processor import prepare_features, processor_fingerprint
+from quantkit.media import write_mp4
 from quantkit.models import adapter_for
 from quantkit.models.inputs import Sample
 from quantkit.models.targets import decoder_layers, resolve_targets
 from quantkit.quantize import quantize
 from quantkit.recipes import get_recipe
+from quantkit.synthetic.media import write_wav
 from quantkit.verify.audit import load_tensors, read_tensor_index
-from quantkit.zoo.media import write_mp4, write_wav
 
 pytestmark = pytest.mark.filterwarnings("ignore:Attempting to save a model with offloaded modules")
 

@@ -20,6 +20,7 @@ from safetensors import safe_open
 
 from quantkit.errors import CheckFailed, InputError
 from quantkit.features.processor import FeatureRow, calibration_loader, collate_one
+from quantkit.media import write_mp4
 from quantkit.models import adapter_for
 from quantkit.models.adapters import matches
 from quantkit.models.inputs import Sample, processor_inputs
@@ -38,7 +39,7 @@ from quantkit.quantize import (
     unfuse_experts,
 )
 from quantkit.recipes import SCHEME_FORMATS, Recipe, get_recipe, resolve_recipe
-from quantkit.zoo.media import write_mp4, write_wav
+from quantkit.synthetic.media import write_wav
 from quantkit.zoo.models import ZOO
 
 # llmcompressor converts the model to accelerate offloading to save it; harmless on CPU.

@@ -11,7 +11,9 @@ import json
 import pytest
 import torch
 
-from quantkit.zoo import smol_skills, smol_tasks
+from quantkit.synthetic import smol_tasks
+from quantkit.synthetic.skills_tasks import processor_inputs
+from quantkit.zoo import smol_skills
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +91,7 @@ def test_every_media_token_has_a_target(grafted, task):
     """The layouts in smol_tasks match what the processor makes: one target per media token."""
     model, processor, _ = grafted
     items = smol_tasks.make_items(task, 6, seed=11)
-    inputs = smol_skills.processor_inputs(processor, items, with_answers=True)
+    inputs = processor_inputs(processor, items, with_answers=True)
     targets = smol_skills.target_ids(processor, items)
     smol_skills.check_target_counts(inputs, targets, model)
     unknown = processor.tokenizer.unk_token_id
@@ -112,7 +114,7 @@ def test_items_are_reproducible_and_answers_exact():
 
 
 def test_skills_manifest_names_the_suite(tmp_path):
-    from quantkit.zoo.skills_tasks import suite_module
+    from quantkit.synthetic.skills_tasks import suite_module
 
     path = smol_skills.write_skills_file(tmp_path)
     manifest = json.loads(path.read_text())

@@ -1,6 +1,6 @@
 """``quantkit eval ORIGINAL CKPT... --tasks skills``: per-task accuracy of ``tiny-omni-skills``.
 
-Each task of ``quantkit.zoo.skills_tasks`` is scored by its own metric on held-out items (drawn
+Each task of ``quantkit.synthetic.skills_tasks`` is scored by its own metric on held-out items (drawn
 with EVAL_SEED, a seed no training step uses), through ``generate`` with the model's chat template
 and processor, greedy:
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from quantkit.errors import InputError
 from quantkit.eval.gate import DEFAULT_MAX_LOSS, within
-from quantkit.zoo import EVAL_SEED  # the seed of held-out items, one for every suite
+from quantkit.synthetic import EVAL_SEED  # the seed of held-out items, one for every suite
 
 GROUPS = ("image", "video", "audio", "text")
 SCORE_LABELS = {"exact": "exact match", "iou": "IoU>=0.5 rate", "tiou": "mean tIoU", "wer": "1 - WER"}
@@ -150,7 +150,7 @@ def score_model(
 ) -> ModelScores:
     """Generate greedily for ``items`` held-out items per task and score each by its metric."""
     started = time.monotonic()
-    from quantkit.zoo.skills_tasks import suite_module
+    from quantkit.synthetic.skills_tasks import suite_module
 
     suite = suite_module(read_skills(model_dir)) if (Path(model_dir) / "skills.json").is_file() else None
     model, processor = _load(Path(model_dir))
@@ -173,11 +173,11 @@ def score_loaded(
     suite=None,
 ) -> list[TaskScore]:
     """The per-task scores of a model already in memory (the trainer measures its runs with it);
-    ``suite`` is the task module (``quantkit.zoo.skills_tasks`` by default)."""
+    ``suite`` is the task module (``quantkit.synthetic.skills_tasks`` by default)."""
     import torch
 
-    from quantkit.zoo import skills_tasks
-    from quantkit.zoo.skills import processor_inputs
+    from quantkit.synthetic import skills_tasks
+    from quantkit.synthetic.skills_tasks import processor_inputs
 
     suite = suite or skills_tasks
     results = []

@@ -5,7 +5,7 @@ The server runs in the vLLM environment (.venv-vllm, as ``--vllm``), on the loop
 a free port, in its own process group; it is stopped on every way out (answers in, a failure, a
 timeout, Ctrl-C), and it dies with quantkit if quantkit is killed (PR_SET_PDEATHSIG, in
 vllm_worker.serve). One text, one image, one audio and one video request go through the ``openai``
-client (chat completions; the media as base64 data URLs, made by quantkit.zoo.media), greedy, with
+client (chat completions; the media as base64 data URLs, made by quantkit.synthetic.media), greedy, with
 ``max_tokens`` new tokens. The offline engine (``vllm.LLM.chat``) then answers the very same
 messages with the sampling the server applies (the model's generation-config defaults, greedy,
 the same ``max_tokens``).
@@ -123,7 +123,8 @@ def probe_media(folder: Path) -> dict[str, Path]:
     same bytes every run)."""
     import numpy as np
 
-    from quantkit.zoo import media
+    from quantkit import media as media_files
+    from quantkit.synthetic import media
 
     rng = np.random.default_rng(0)
     paths = {"image": folder / "probe.png", "audio": folder / "probe.wav", "video": folder / "probe.mp4"}
@@ -132,7 +133,7 @@ def probe_media(folder: Path) -> dict[str, Path]:
     media.write_wav(paths["audio"], media.speech_like([media.Turn(0.2, 1.8, 160.0)], 2.0, rng))
     moving = [media.Appearance("blue", 0.0, 2.0, (32, 32), x_from=0.0, x_to=1.0)]
     frames = media.video_frames((112, 112), 4, 2.0, "beige", moving)
-    media.write_mp4(paths["video"], frames, (112, 112), 4)
+    media_files.write_mp4(paths["video"], frames, (112, 112), 4)
     return paths
 
 

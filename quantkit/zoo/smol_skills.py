@@ -30,9 +30,10 @@ import torch
 
 from quantkit.errors import InputError
 from quantkit.fsutil import atomic_output_dir
-from quantkit.zoo import smol_tasks
-from quantkit.zoo.skills import answer_labels, processor_inputs
-from quantkit.zoo.smol_tasks import BLANK, TASKS, Item, make_items
+from quantkit.synthetic import smol_tasks
+from quantkit.synthetic.skills_tasks import processor_inputs
+from quantkit.synthetic.smol_tasks import BLANK, TASKS, Item, make_items
+from quantkit.zoo.skills import answer_labels
 
 NAME = "smol-omni-skills"
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
@@ -605,7 +606,7 @@ def load_deltas(model, path: Path = WEIGHTS) -> None:
 
 
 def write_skills_file(folder: Path) -> Path:
-    from quantkit.zoo.skills_tasks import skills_manifest
+    from quantkit.synthetic.skills_tasks import skills_manifest
 
     path = Path(folder) / SKILLS_FILE
     path.write_text(json.dumps(skills_manifest(smol_tasks), indent=2) + "\n", encoding="utf-8")
@@ -703,7 +704,7 @@ def main(argv: list[str] | None = None) -> None:
         if path.exists():
             model.load_state_dict(torch.load(path, weights_only=False)["trainable"], strict=False)
     model.eval()
-    from quantkit.zoo import EVAL_SEED
+    from quantkit.synthetic import EVAL_SEED
 
     for task in TASKS:
         items = make_items(task.name, args.items, seed=EVAL_SEED)
