@@ -195,7 +195,7 @@ def with_parts_template(folder: Path, work: Path) -> Path:
     links with the template above (quantkit.models.inputs renders content parts)."""
     from transformers import AutoTokenizer
 
-    from quantkit.models.inputs import chat_messages
+    from quantkit.chat import chat_messages
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     probe = [{"role": "user", "content": "hi"}]

@@ -252,7 +252,7 @@ def probe_samples(processor, folder: Path) -> dict[str, Sample]:
 
 
 def _render(processor, sample: Sample) -> str:
-    from quantkit.models.inputs import chat_messages
+    from quantkit.chat import chat_messages
 
     owner = processor if hasattr(processor, "apply_chat_template") else processor.tokenizer
     return owner.apply_chat_template(
