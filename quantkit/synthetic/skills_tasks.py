@@ -19,6 +19,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageDraw
 
+from quantkit import media as media_files
+from quantkit.errors import InputError
+from quantkit.fsutil import atomic_output_dir
+from quantkit.synthetic import media
+
 PATCH = 14
 SAMPLE_RATE = 16000
 VIDEO_FPS = 2  # two frames per temporal patch: one merged token group per second
@@ -351,11 +356,6 @@ def write_skills_pool(output, *, per_task: int = 16, seed: int = 7, force: bool 
     import json
     import sys
     from pathlib import Path
-
-    from quantkit import media as media_files
-    from quantkit.errors import InputError
-    from quantkit.fsutil import atomic_output_dir
-    from quantkit.synthetic import media
 
     if per_task < 1:
         raise InputError(f"--per-task must be at least 1, got {per_task}")

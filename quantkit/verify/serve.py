@@ -32,7 +32,12 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from quantkit import media as media_files
 from quantkit.errors import InputError
+from quantkit.export.card import update_card_section
+from quantkit.models.adapters import adapter_for
+from quantkit.models.inputs import processor_capabilities
+from quantkit.synthetic import media
 from quantkit.terminal import pass_on
 from quantkit.verify.vllm_check import (
     WORKER,
@@ -122,9 +127,6 @@ def probe_media(folder: Path) -> dict[str, Path]:
     """An image, a 2 s speech-like WAV and a 2 s MP4, made with quantkit's own media makers (the
     same bytes every run)."""
     import numpy as np
-
-    from quantkit import media as media_files
-    from quantkit.synthetic import media
 
     rng = np.random.default_rng(0)
     paths = {"image": folder / "probe.png", "audio": folder / "probe.wav", "video": folder / "probe.mp4"}
@@ -428,9 +430,6 @@ def check_served(
     python = serve_python()
     started = time.time()
 
-    from quantkit.models.adapters import adapter_for
-    from quantkit.models.inputs import processor_capabilities
-
     kinds = set(processor_capabilities(adapter_for(checkpoint).load_processor(checkpoint)))
     check = ServeCheck(str(checkpoint), "failed", port=port or free_port())
     with tempfile.TemporaryDirectory(prefix="quantkit-serve-") as tmp:
@@ -552,6 +551,4 @@ def card_section(check: ServeCheck) -> str:
 
 
 def write_card_section(checkpoint: Path, check: ServeCheck) -> Path:
-    from quantkit.export.card import update_card_section
-
     return update_card_section(Path(checkpoint), CARD_START, CARD_END, card_section(check))

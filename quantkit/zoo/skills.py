@@ -26,6 +26,7 @@ from quantkit.errors import InputError
 from quantkit.fsutil import atomic_output_dir
 from quantkit.synthetic import skills_tasks
 from quantkit.synthetic.skills_tasks import TASKS, Item, make_items, processor_inputs
+from quantkit.zoo.models import VOCAB_SIZE, _build_qwen2_5_omni, build_tokenizer, spec_for
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 WEIGHTS = WEIGHTS_DIR / "tiny-omni-skills.safetensors"
@@ -57,8 +58,6 @@ def input_key(seed: int, steps: int) -> str:
     task generator makes (prompts, answers, media bytes), the schedule and optimiser settings,
     the seed and the step count. Cosmetic edits of the code keep the key."""
     import numpy as np
-
-    from quantkit.zoo.models import build_tokenizer
 
     digest = hashlib.sha256()
     settings = {
@@ -96,15 +95,11 @@ def skills_tokenizer_spec():
     """The zoo's Qwen-Omni tokenizer with numbers split into digits (as Qwen's own tokenizer does)."""
     from dataclasses import replace
 
-    from quantkit.zoo.models import VOCAB_SIZE, spec_for
-
     return replace(spec_for("qwen-omni", VOCAB_SIZE), individual_digits=True)
 
 
 def base_model(seed: int):
     """The zoo's tiny Qwen2.5-Omni thinker (float32 for training) and its processor."""
-    from quantkit.zoo.models import _build_qwen2_5_omni, build_tokenizer
-
     tokenizer = build_tokenizer(skills_tokenizer_spec())
     tokenizer.init_kwargs["size"] = dict(VIDEO_SIZE)
     torch.manual_seed(seed)
