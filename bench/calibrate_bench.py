@@ -220,9 +220,9 @@ def child_build(pool: str, output: str, size: int) -> dict:
 def _time_media_probes() -> list[float]:
     """Accumulate the time spent probing media headers (once per file) in the returned cell."""
     spent = [0.0]
-    from quantkit.pool import reader
+    from quantkit.pool import parse
 
-    probe = getattr(reader, "_MediaProbe", None)
+    probe = getattr(parse, "MediaProbe", None)
     if probe is None:
         return spent
     original = probe.__call__

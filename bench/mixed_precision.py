@@ -195,7 +195,7 @@ def with_parts_template(folder: Path, work: Path) -> Path:
     links with the template above (quantkit.models.inputs renders content parts)."""
     from transformers import AutoTokenizer
 
-    from quantkit.models.inputs import chat_messages
+    from quantkit.chat import chat_messages
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     probe = [{"role": "user", "content": "hi"}]
@@ -551,8 +551,8 @@ def symmetric_w4a16():
 def rtn_run(folder, adapter, table, ref: Reference, selection: str | None) -> dict:
     """Fake-quantize every targeted layer round-to-nearest (4-bit g64; promoted units 8-bit) in
     memory and score: a cheap check of the selection rule."""
-    from quantkit.quantize.mixed import plan_precision
-    from quantkit.quantize.targets import resolve_targets
+    from quantkit.models.targets import resolve_targets
+    from quantkit.precision.mixed import plan_precision
     from quantkit.recipes.modifiers import weight_args
     from quantkit.sensitivity import fake_quantized, scheme_args
 
@@ -584,7 +584,8 @@ def measure_table(
     recorded): method kl (measured per unit) or fisher (quantize's own default, estimated).
     ``tag`` (the code and settings it was measured with) names the saved file."""
     from quantkit.models.inputs import Sample
-    from quantkit.sensitivity import load_table, save_table, sensitivity
+    from quantkit.precision.table import load_table, save_table
+    from quantkit.sensitivity import sensitivity
 
     path = work / f"sensitivity-{'w4a16-g64' if method == 'kl' else 'fisher'}-unit-{tag}.json"
     if path.is_file():

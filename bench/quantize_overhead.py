@@ -52,7 +52,7 @@ def plain_plan(model_dir: Path) -> dict:
     """What the plain script hard-codes: the recipe's GPTQ settings, the ignore list quantkit
     computes for this model, the decoder-layer class and the pipeline."""
     from quantkit.models.adapters import adapter_for
-    from quantkit.quantize import resolve_targets
+    from quantkit.models.targets import resolve_targets
     from quantkit.recipes import resolve_recipe
     from quantkit.recipes.modifiers import preset_name
 
@@ -168,7 +168,7 @@ def _instrument(spent: dict[str, float]) -> dict[str, int]:
     returns the calls of each step (by qualified name), counted as they happen. Raises
     :class:`MovedOn` (exit status 1, the names in its message) when one is gone."""
     import quantkit.export as export
-    import quantkit.quantize.features as features
+    import quantkit.features.processor as features
     import quantkit.quantize.run as run
     from quantkit.quantize.probe import CalibrationProbe
 

@@ -180,7 +180,7 @@ def pool_records(pool: Path) -> list[dict]:
 
 def write_pool(work: Path, per_task: int) -> Path:
     """The skills pool, written anew (its generators are quantkit code a stored copy could predate)."""
-    from quantkit.zoo.skills_tasks import write_skills_pool
+    from quantkit.synthetic.skills_tasks import write_skills_pool
 
     write_skills_pool(work / "pool", per_task=per_task, seed=POOL_SEED, force=True)
     return work / "pool" / "pool.jsonl"
@@ -229,7 +229,7 @@ def measure_run(
     from quantkit.eval.skills import score_model
     from quantkit.quantize import quantize
     from quantkit.recipes.registry import resolve_recipe
-    from quantkit.zoo.skills_tasks import TASKS
+    from quantkit.synthetic.skills_tasks import TASKS
 
     samples, label = arm_samples(arm, pool, work, size, seed, model, built)
     checkpoint = work / f"ckpt-{recipe}-{arm}-{size}-{seed}"
@@ -250,7 +250,7 @@ def original_scores(model: Path, work: Path | None = None, items: int = 24) -> d
     """The original's per-task scores on the held-out items every checkpoint is scored on. Measured
     on each call (``work`` is not used: callers keep their own keyed records)."""
     from quantkit.eval.skills import score_model
-    from quantkit.zoo.skills_tasks import TASKS
+    from quantkit.synthetic.skills_tasks import TASKS
 
     return {t.task: t.score for t in score_model(model, [t.name for t in TASKS], items=items).tasks}
 
@@ -377,7 +377,7 @@ def render(data: dict, expected_runs: dict | None = None, expected_originals: di
     x held-out items, where the file holds more than one), mean ± spread over seeds with n, the
     commits that made the rows (stale ones marked when ``expected_*`` are given: name -> key) and
     the plain-words comparison with the stratified arm."""
-    from quantkit.zoo.skills_tasks import TASKS
+    from quantkit.synthetic.skills_tasks import TASKS
 
     runs = data.get("runs") or {}
     originals = data.get("original") or {}

@@ -13,7 +13,7 @@ fewest that cover the pool's 10 strata). Every arm of a setting and seed calibra
 drawn samples (the stratified set of bench/skills_experiment.py's pool, with its task labels), then
 is scored with ``quantkit.eval.skills.score_model`` on the same held-out items as the original
 (paired). A task is judged only where the original's score clears the task's chance level (the
-best score of an answer that ignores the input, derived from quantkit/zoo/skills_tasks.py's task
+best score of an answer that ignores the input, derived from quantkit/synthetic/skills_tasks.py's task
 definitions: ``chance_level``) by ``JUDGED_SD`` binomial standard errors over the held-out items
 and by at least ``JUDGED_ITEMS`` items (see ``judged_tasks``).
 
@@ -184,7 +184,7 @@ def measure_run(model: Path, pool: Path, work: Path, setting: str, arm: str, see
     key and settings."""
     from quantkit.eval.skills import score_model
     from quantkit.quantize import quantize
-    from quantkit.zoo.skills_tasks import TASKS
+    from quantkit.synthetic.skills_tasks import TASKS
 
     size = SETTINGS[setting][1]
     drawn = drawn_samples(model, pool, work, size, seed, built)
@@ -247,11 +247,11 @@ def cell(values: list[float]) -> tuple[float, float]:
 
 def answer_distribution(task: str) -> dict[str, float] | None:
     """The probability of each reference answer of ``task``, enumerated from how
-    quantkit/zoo/skills_tasks.py draws its items (None for a task not enumerated here)."""
+    quantkit/synthetic/skills_tasks.py draws its items (None for a task not enumerated here)."""
     import itertools
     import math
 
-    from quantkit.zoo import skills_tasks as st
+    from quantkit.synthetic import skills_tasks as st
 
     def uniform(answers) -> dict[str, float]:
         answers = list(answers)
@@ -293,7 +293,7 @@ def chance_level(task: str) -> tuple[float, str] | None:
     task's own metric, with that answer: what a model that ignores the input can score. None for a
     task whose answers are not enumerated here."""
     from quantkit.eval.skills import SCORERS
-    from quantkit.zoo.skills_tasks import TASKS_BY_NAME
+    from quantkit.synthetic.skills_tasks import TASKS_BY_NAME
 
     answers = answer_distribution(task)
     if answers is None:
@@ -323,7 +323,7 @@ def judged_threshold(task: str, items: int) -> float | None:
 def judged_tasks(original: dict | None, items: int | None = None) -> list[str]:
     """The tasks the original answers clearly above chance (``judged_threshold``) on its held-out
     items (``items``, default the original row's own count)."""
-    from quantkit.zoo.skills_tasks import TASKS
+    from quantkit.synthetic.skills_tasks import TASKS
 
     if original is None:
         return []
@@ -424,7 +424,7 @@ def shown_path(path: Path) -> str:
 
 def judged_rule(items: int) -> str:
     """The judged rule in words, from the constants, with each task's chance level and threshold."""
-    from quantkit.zoo.skills_tasks import TASKS
+    from quantkit.synthetic.skills_tasks import TASKS
 
     levels = []
     for t in TASKS:
@@ -437,7 +437,7 @@ def judged_rule(items: int) -> str:
         )
     return (
         "A task is judged only where the original's score reaches its chance level c (the best mean "
-        "score of one constant answer, over the answers quantkit/zoo/skills_tasks.py draws: what a "
+        "score of one constant answer, over the answers quantkit/synthetic/skills_tasks.py draws: what a "
         f"model ignoring the input scores) plus the larger of {JUDGED_SD:g} binomial standard errors "
         f"over the {items} items, {JUDGED_SD:g}·sqrt(c(1 - c)/{items}), and {JUDGED_ITEMS} items "
         f"({JUDGED_ITEMS}/{items} = {JUDGED_ITEMS / items:.3f}); a judged task where every checkpoint "
@@ -515,7 +515,7 @@ def render(
     figures in a table marked stale, left out of every verdict."""
     from _shared import row_mark
 
-    from quantkit.zoo.skills_tasks import TASKS
+    from quantkit.synthetic.skills_tasks import TASKS
 
     judged = judged_tasks(original, plan["items"])
     unmoved = unmoved_tasks(original, runs, judged)
@@ -636,7 +636,7 @@ def render(
 
 def closing(original, runs, pending, judged, settled, better_any, worse_any, plain_loses, arm_loses=(), unmoved=()) -> str:
     """The paragraph after the tables: every statement computed from the rows."""
-    from quantkit.zoo.skills_tasks import TASKS
+    from quantkit.synthetic.skills_tasks import TASKS
 
     precision = [t.name for t in TASKS if t.family in PRECISION_FAMILIES]
     tested = [t for t in precision if t in judged and t not in unmoved]

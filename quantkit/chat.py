@@ -29,3 +29,30 @@ ROLE_ALIASES = {
 def placeholder_order(messages: list[dict]) -> list[str]:
     """Media kinds in the order their placeholders appear across the turns."""
     return [m.group(1) for message in messages for m in PLACEHOLDER.finditer(message["content"])]
+
+
+def chat_messages(messages: list[dict]) -> list[dict]:
+    """Split each message's text at its placeholders into typed content parts.
+
+    ``"<image>What is it?"`` becomes ``[{"type": "image"}, {"type": "text", "text": "What is it?"}]``.
+    """
+    converted = []
+    for message in messages:
+        role = ROLE_ALIASES[message["role"]]
+        if not PLACEHOLDER.search(message["content"]):
+            # Plain text stays a string: text-only chat templates (SmolLM2, Llama) concatenate
+            # message['content'] and break on a list of parts; multimodal templates take both.
+            converted.append({"role": role, "content": message["content"]})
+            continue
+        parts: list[dict] = []
+        cursor = 0
+        text = message["content"]
+        for match in PLACEHOLDER.finditer(text):
+            if match.start() > cursor:
+                parts.append({"type": "text", "text": text[cursor : match.start()]})
+            parts.append({"type": match.group(1)})
+            cursor = match.end()
+        if cursor < len(text):
+            parts.append({"type": "text", "text": text[cursor:]})
+        converted.append({"role": role, "content": parts})
+    return converted

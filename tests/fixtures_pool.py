@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from quantkit.zoo.media import write_mp4, write_wav
+from quantkit.media import write_mp4
+from quantkit.synthetic.media import write_wav
 
 
 class Media:

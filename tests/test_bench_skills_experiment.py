@@ -15,7 +15,7 @@ sys.path[:0] = [str(ROOT / "bench")]
 
 import skills_experiment as se  # noqa: E402
 
-from quantkit.zoo.skills_tasks import TASKS  # noqa: E402
+from quantkit.synthetic.skills_tasks import TASKS  # noqa: E402
 
 TASK_NAMES = [t.name for t in TASKS]
 IDENTITY = {"hash": "0123456789abcdef", "record": None, "files": ["model.safetensors"]}

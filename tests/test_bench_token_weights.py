@@ -269,7 +269,7 @@ def fake_model(folder: Path, weights: bytes = b"weights") -> Path:
 
 
 def task_scores(value: float = 1.0, **scores: float) -> dict:
-    from quantkit.zoo.skills_tasks import TASKS
+    from quantkit.synthetic.skills_tasks import TASKS
 
     return {t.name: scores.get(t.name, value) for t in TASKS}
 
@@ -319,7 +319,7 @@ def test_judged_tasks_are_those_the_original_scores_clearly_above_chance():
     """The rule replaces a typed-in list: judged where the original clears the task's chance level
     by JUDGED_SD standard errors and JUDGED_ITEMS items; grounding at its chance (one of nine
     cells) is not judged."""
-    from quantkit.zoo.skills_tasks import TASKS
+    from quantkit.synthetic.skills_tasks import TASKS
 
     items = PLAN["items"]
     assert tw.chance_level("grounding")[0] == pytest.approx(1 / 9)
@@ -347,7 +347,7 @@ def test_judged_tasks_are_those_the_original_scores_clearly_above_chance():
 def test_chance_levels_match_the_task_generators():
     """Each derived chance level is what its constant answer scores on items the task draws."""
     from quantkit.eval.skills import SCORERS
-    from quantkit.zoo.skills_tasks import TASKS, make_items
+    from quantkit.synthetic.skills_tasks import TASKS, make_items
 
     n = 600
     for task in TASKS:

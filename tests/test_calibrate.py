@@ -22,7 +22,8 @@ from quantkit.calibset import (
 from quantkit.calibset.allocate import allocate
 from quantkit.cli import app
 from quantkit.errors import InputError
-from quantkit.zoo.media import write_mp4, write_wav
+from quantkit.media import write_mp4
+from quantkit.synthetic.media import write_wav
 
 runner = CliRunner()
 

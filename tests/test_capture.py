@@ -14,16 +14,16 @@ import pytest
 import torch
 from PIL import Image
 
+from quantkit.features.capture import capture_decoder_inputs, decoder_loader, uniform_kwargs
+from quantkit.features.processor import prepare_features, processor_fingerprint
+from quantkit.media import write_mp4
 from quantkit.models import adapter_for
 from quantkit.models.inputs import Sample
-from quantkit.models.targets import resolve_targets
+from quantkit.models.targets import decoder_layers, resolve_targets
 from quantkit.quantize import quantize
-from quantkit.quantize.capture import capture_decoder_inputs, decoder_loader, uniform_kwargs
-from quantkit.quantize.features import prepare_features, processor_fingerprint
-from quantkit.quantize.targets import decoder_layers
 from quantkit.recipes import get_recipe
+from quantkit.synthetic.media import write_wav
 from quantkit.verify.audit import load_tensors, read_tensor_index
-from quantkit.zoo.media import write_mp4, write_wav
 
 pytestmark = pytest.mark.filterwarnings("ignore:Attempting to save a model with offloaded modules")
 
@@ -121,7 +121,7 @@ def test_captured_inputs_give_smoothquant_and_gptq_the_whole_models_statistics(z
     position and no other batch enters them. Only with the library's error propagation off:
     with it on (quantkit's default) each layer's GPTQ calibrates on its quantized predecessors'
     outputs, which whole-model forwards never see, so from layer 1 on the int8 weights differ."""
-    from quantkit.quantize.features import calibration_loader
+    from quantkit.features.processor import calibration_loader
     from quantkit.quantize.pipelines import run_oneshot
     from quantkit.quantize.run import _modifiers
 

@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from quantkit.cli import app
 from quantkit.errors import InputError
+from quantkit.synthetic.media import COLOR_RGB
 from quantkit.zoo.demo_pool import TAXONOMY_PATH, DemoPoolSummary, write_demo_pool
-from quantkit.zoo.media import COLOR_RGB
 
 PER_TASK = 12
 

@@ -15,16 +15,18 @@ from safetensors import safe_open
 
 from quantkit.errors import InputError
 from quantkit.models import adapter_for
-from quantkit.quantize import plan, quantize, resolve_targets
-from quantkit.quantize.mixed import (
+from quantkit.models.targets import resolve_targets
+from quantkit.precision.mixed import (
     choose_group_size,
     fusion_unit,
     fusion_units,
     plan_precision,
     unit_patterns,
 )
+from quantkit.precision.table import SensitivityRow, SensitivityTable, save_table
+from quantkit.quantize import plan, quantize
 from quantkit.recipes import Recipe, build_modifiers, get_recipe, resolved_scheme
-from quantkit.sensitivity import SensitivityRow, SensitivityTable, save_table, sensitivity
+from quantkit.sensitivity import sensitivity
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_sensitivity import DAMAGED, damage, text_samples  # noqa: E402

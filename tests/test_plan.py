@@ -78,9 +78,9 @@ def test_unknown_token_counts_are_assumed_and_said(zoo_model, tmp_path):
 
 
 def test_an_activation_cache_larger_than_the_host_is_spilled(zoo_model, tmp_path):
+    from quantkit.models.targets import resolve_targets
     from quantkit.quantize.plan import memory_plan
     from quantkit.quantize.run import unfuse_experts_on_meta
-    from quantkit.quantize.targets import resolve_targets
 
     bare = config_only(zoo_model, "tiny-qwen3-vl", tmp_path)
     adapter = adapter_for(bare)
@@ -188,9 +188,9 @@ def test_the_meta_tree_gives_the_plan_of_the_loaded_model_moe_included(zoo_model
     """The dry run's module tree (meta device, experts unfused without init) is the tree a real run
     quantizes (weights loaded, experts unfused by llmcompressor): same shapes, same memory plan."""
     from quantkit.models.loading import unfuse_experts
+    from quantkit.models.targets import resolve_targets
     from quantkit.quantize.plan import memory_plan
     from quantkit.quantize.run import unfuse_experts_on_meta
-    from quantkit.quantize.targets import resolve_targets
 
     folder = zoo_model("tiny-qwen3-omni-moe")
     adapter = adapter_for(folder)
@@ -223,9 +223,9 @@ def test_a_config_mixing_dense_and_sparse_layers_plans_each_kind_as_the_loaded_m
     import transformers
 
     from quantkit.models.loading import unfuse_experts
+    from quantkit.models.targets import resolve_targets
     from quantkit.quantize.plan import memory_plan, reduced_tree
     from quantkit.quantize.run import checkpoint_size_estimate, precision_plan
-    from quantkit.quantize.targets import resolve_targets
 
     base = zoo_model("tiny-qwen3-omni-moe")
     config = transformers.AutoConfig.from_pretrained(base)
@@ -461,9 +461,9 @@ def test_the_precision_guard_matches_config_groups_as_compressed_tensors_does(zo
     the class name "Linear"."""
     from compressed_tensors.utils.match import match_name
 
+    from quantkit.models.targets import resolve_targets
     from quantkit.precision.mixed import scheme_matcher
     from quantkit.quantize.run import unfuse_experts_on_meta
-    from quantkit.quantize.targets import resolve_targets
 
     folder = zoo_model("tiny-qwen3-omni-moe")
     result = plan(folder, get_recipe("w4a16"), [], host_memory=0)

@@ -434,6 +434,6 @@ def test_formats_and_ignored_fields_are_the_same_read_in_parts(demo_pool, tmp_pa
 
 
 def test_the_search_for_a_media_root_never_walks_the_whole_file_system():
-    from quantkit.media import MediaRoots
+    from quantkit.mediasources import MediaRoots
 
     assert MediaRoots(Path("/no-such-pool-folder/data")).find_root("part-000001/a.jpg") is None

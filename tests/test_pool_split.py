@@ -17,7 +17,7 @@ import pytest
 
 from quantkit.calibset import CalibrateOptions, build_calibration_set
 from quantkit.errors import InputError
-from quantkit.media import MediaStore
+from quantkit.mediasources import MediaStore
 from quantkit.pool import read_pool, split
 from quantkit.taskassign import TaskAssigner
 from quantkit.taxonomy import load_taxonomy

@@ -19,25 +19,27 @@ from PIL import Image
 from safetensors import safe_open
 
 from quantkit.errors import CheckFailed, InputError
+from quantkit.features.processor import FeatureRow, calibration_loader, collate_one
+from quantkit.media import write_mp4
 from quantkit.models import adapter_for
 from quantkit.models.adapters import matches
 from quantkit.models.inputs import Sample, processor_inputs
+from quantkit.models.targets import (
+    check_quantized_modules,
+    compact_patterns,
+    language_model_root,
+    resolve_targets,
+)
 from quantkit.quantize import (
     CalibrationProbe,
     calibrate,
-    calibration_loader,
-    check_quantized_modules,
     check_scales,
-    compact_patterns,
-    language_model_root,
     plan,
     quantize,
-    resolve_targets,
     unfuse_experts,
 )
-from quantkit.quantize.features import FeatureRow, collate_one
 from quantkit.recipes import SCHEME_FORMATS, Recipe, get_recipe, resolve_recipe
-from quantkit.zoo.media import write_mp4, write_wav
+from quantkit.synthetic.media import write_wav
 from quantkit.zoo.models import ZOO
 
 # llmcompressor converts the model to accelerate offloading to save it; harmless on CPU.
@@ -320,7 +322,7 @@ def rtn_simulation(model_dir: Path, result, scheme: str, samples: list[Sample] =
     split (8-bit layers at W8A16, MoE experts without zero points). FP8 (static): weights and
     inputs per tensor, input scales observed on the original model run on ``samples`` (the
     calibration samples the checkpoint was quantized with)."""
-    from quantkit.quantize.mixed import four_bit_symmetric
+    from quantkit.precision.mixed import four_bit_symmetric
 
     adapter = adapter_for(model_dir)
     model = adapter.load_model(model_dir, dtype=torch.bfloat16)
@@ -811,7 +813,7 @@ def test_probe_counts_only_real_calls_and_reports_starved_layers(zoo_model):
 
 
 def test_max_seq_len_truncates_text_and_drops_media_samples(zoo_model, media, tmp_path):
-    from quantkit.quantize.features import prepare_features, processor_fingerprint
+    from quantkit.features.processor import prepare_features, processor_fingerprint
 
     model_dir = zoo_model("tiny-qwen3-vl")
     processor = adapter_for(model_dir).load_processor(model_dir)
@@ -842,7 +844,7 @@ def test_max_seq_len_truncates_text_and_drops_media_samples(zoo_model, media, tm
 
 
 def test_sample_id_follows_media_bytes_not_paths(media, tmp_path):
-    from quantkit.quantize.features import sample_id
+    from quantkit.features.processor import sample_id
 
     copy = tmp_path / "elsewhere.png"
     shutil.copy(media["ramp"], copy)
@@ -855,7 +857,7 @@ def test_sample_id_follows_media_bytes_not_paths(media, tmp_path):
 
 
 def test_undecodable_media_is_an_input_error_naming_the_sample(zoo_model, tmp_path):
-    from quantkit.quantize.features import prepare_features
+    from quantkit.features.processor import prepare_features
 
     broken = tmp_path / "broken.mp4"
     broken.write_bytes(b"not a video at all")

@@ -10,16 +10,14 @@ import pytest
 import test_quantize  # the media fixture and mixed samples of the quantize tests
 import torch
 
+from quantkit.features.processor import FeatureRow
 from quantkit.models import adapter_for
 from quantkit.models.inputs import Sample
-from quantkit.quantize.features import FeatureRow
+from quantkit.precision.table import format_table, load_table, save_table
 from quantkit.sensitivity import (
     fake_quantized,
-    format_table,
-    load_table,
     measure_loaded,
     qdq_weight,
-    save_table,
     scheme_args,
     sensitivity,
 )
@@ -165,7 +163,7 @@ def test_replay_equals_whole_forwards_and_restores_the_model(damaged_qwen3):
     model = adapter.load_model(damaged_qwen3, dtype=torch.float32)
     processor = adapter.load_processor(damaged_qwen3)
     from quantkit.models.inputs import processor_inputs
-    from quantkit.quantize.targets import resolve_targets
+    from quantkit.models.targets import resolve_targets
 
     rows = [FeatureRow(str(i), "text", processor_inputs(processor, s)) for i, s in enumerate(text_samples())]
     names = resolve_targets(model, adapter).quantize

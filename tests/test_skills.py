@@ -16,8 +16,8 @@ from quantkit.eval.skills import (
     temporal_iou,
     word_error_rate,
 )
+from quantkit.synthetic.skills_tasks import TASKS, TASKS_BY_NAME, make_items, skills_manifest
 from quantkit.zoo import skills
-from quantkit.zoo.skills_tasks import TASKS, TASKS_BY_NAME, make_items, skills_manifest
 
 # ---------------------------------------------------------------------------------------------- scorers
 

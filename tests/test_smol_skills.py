@@ -11,12 +11,14 @@ import json
 import pytest
 import torch
 
-from quantkit.zoo import smol_skills, smol_tasks
+from quantkit.synthetic import smol_tasks
+from quantkit.synthetic.skills_tasks import processor_inputs
+from quantkit.zoo import smol_model, smol_skills
 
 
 @pytest.fixture(scope="module")
 def grafted():
-    model, processor, folder = smol_skills.base_model(0)
+    model, processor, folder = smol_model.base_model(0)
     return model.eval(), processor, folder
 
 
@@ -40,15 +42,15 @@ def test_text_logits_equal_smollm2s_own(grafted, smollm2):
     """The graft is exact: on a chat prompt the thinker's text logits are SmolLM2's (float32)."""
     model, processor, _ = grafted
     ids = _chat_ids(processor, "What is the capital of France? Answer in one word.")
-    assert int(ids.max()) < smol_skills.SMOL_VOCAB  # a text prompt uses SmolLM2's own tokens only
+    assert int(ids.max()) < smol_model.SMOL_VOCAB  # a text prompt uses SmolLM2's own tokens only
     with torch.no_grad():
         theirs = smollm2(ids).logits
         ours = model(input_ids=ids).logits
-    difference = (ours[..., : smol_skills.SMOL_VOCAB] - theirs).abs().max().item()
+    difference = (ours[..., : smol_model.SMOL_VOCAB] - theirs).abs().max().item()
     print(f"max abs logit difference over {ids.shape[1]} tokens: {difference}")
     assert difference == 0.0
     # The Omni tokens' rows are zero: they never outrank a real token on text.
-    assert (ours[..., smol_skills.SMOL_VOCAB :] == 0).all()
+    assert (ours[..., smol_model.SMOL_VOCAB :] == 0).all()
 
 
 def test_thinker_shape_is_smollm2s(grafted):
@@ -71,15 +73,15 @@ def test_unadapted_build_reloads_to_smollm2s_logits(grafted, smollm2, tmp_path):
     loaded back as the adapter loads it, gives SmolLM2's logits on text."""
     from quantkit.models.adapters import adapter_for
 
-    model, processor, _ = smol_skills.base_model(0, initialise=False)
-    smol_skills.add_lora(model)  # B starts at zero
-    smol_skills.merge_lora(model)
+    model, processor, _ = smol_model.base_model(0, initialise=False)
+    smol_model.add_lora(model)  # B starts at zero
+    smol_model.merge_lora(model)
     model.to(torch.bfloat16).save_pretrained(tmp_path)
     processor.save_pretrained(tmp_path)
     reloaded = adapter_for(tmp_path).load_model(tmp_path, dtype=torch.float32).eval()
     ids = _chat_ids(processor, "Name three colours.")
     with torch.no_grad():
-        ours = reloaded(input_ids=ids).logits[..., : smol_skills.SMOL_VOCAB]
+        ours = reloaded(input_ids=ids).logits[..., : smol_model.SMOL_VOCAB]
         theirs = smollm2(ids).logits
     assert (ours - theirs).abs().max().item() == 0.0
 
@@ -89,7 +91,7 @@ def test_every_media_token_has_a_target(grafted, task):
     """The layouts in smol_tasks match what the processor makes: one target per media token."""
     model, processor, _ = grafted
     items = smol_tasks.make_items(task, 6, seed=11)
-    inputs = smol_skills.processor_inputs(processor, items, with_answers=True)
+    inputs = processor_inputs(processor, items, with_answers=True)
     targets = smol_skills.target_ids(processor, items)
     smol_skills.check_target_counts(inputs, targets, model)
     unknown = processor.tokenizer.unk_token_id
@@ -112,7 +114,7 @@ def test_items_are_reproducible_and_answers_exact():
 
 
 def test_skills_manifest_names_the_suite(tmp_path):
-    from quantkit.zoo.skills_tasks import suite_module
+    from quantkit.synthetic.skills_tasks import suite_module
 
     path = smol_skills.write_skills_file(tmp_path)
     manifest = json.loads(path.read_text())
@@ -134,8 +136,8 @@ def test_zoo_build_restores_smollm2_plus_the_committed_deltas(grafted, tmp_path)
     built = {}
     for shard in sorted(out.glob("*.safetensors")):
         built.update(load_file(str(shard)))
-    smol = smol_skills.smol_state(grafted[2])
-    adapted = set(smol_skills.LORA_LAYERS)
+    smol = smol_model.smol_state(grafted[2])
+    adapted = set(smol_model.LORA_LAYERS)
     for i in range(30):
         ours = built[f"model.layers.{i}.mlp.down_proj.weight"].float()
         theirs = smol[f"model.layers.{i}.mlp.down_proj.weight"].float()
@@ -144,10 +146,10 @@ def test_zoo_build_restores_smollm2_plus_the_committed_deltas(grafted, tmp_path)
             assert delta.abs().max() > 0
             # bf16 rounding of the merged weight adds noise; the adaptation itself has rank LORA_RANK
             singular = torch.linalg.svdvals(delta)
-            assert singular[smol_skills.LORA_RANK] < 0.05 * singular[0]
+            assert singular[smol_model.LORA_RANK] < 0.05 * singular[0]
         else:
             assert delta.abs().max() == 0
     assert torch.equal(
-        built["model.embed_tokens.weight"][: smol_skills.SMOL_VOCAB].float(),
+        built["model.embed_tokens.weight"][: smol_model.SMOL_VOCAB].float(),
         smol["model.embed_tokens.weight"].float(),
     )

@@ -584,7 +584,8 @@ def unlabelled_pool(tmp_path) -> Path:
     import numpy as np
     from PIL import Image
 
-    from quantkit.zoo.media import write_mp4, write_wav
+    from quantkit.media import write_mp4
+    from quantkit.synthetic.media import write_wav
 
     root = tmp_path / "pool"
     (root / "media").mkdir(parents=True)

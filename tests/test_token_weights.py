@@ -16,10 +16,10 @@ from PIL import Image
 from pydantic import ValidationError
 from safetensors.torch import load_file
 
+from quantkit.features.processor import prepare_features
 from quantkit.models import adapter_for
 from quantkit.models.inputs import Sample
 from quantkit.quantize import quantize
-from quantkit.quantize.features import prepare_features
 from quantkit.quantize.token_weights import (
     media_token_ids,
     sample_weights,

@@ -243,7 +243,7 @@ def test_shipped_schemes_names_every_recipe_and_nothing_else(fp8_checkpoint):
     group = config["config_groups"]["group_0"]
     group["weights"]["num_bits"] = 4  # FP4 per-channel weights: no recipe writes them
     assert shipped_schemes(config) is None
-    from quantkit.quantize.mixed import high_scheme  # the 8-bit layers of --avg-bits: per channel
+    from quantkit.precision.mixed import high_scheme  # the 8-bit layers of --avg-bits: per channel
 
     promoted = {"config_groups": {"group_0": high_scheme("W8A16", ["Linear"]).model_dump(mode="json")}}
     assert shipped_schemes(promoted) == ["W8A16"]

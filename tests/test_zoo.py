@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 
 from quantkit.cli import app
 from quantkit.errors import InputError
+from quantkit.media import write_mp4
 from quantkit.models.inputs import Sample, UnsupportedModality, processor_inputs
-from quantkit.zoo.media import write_mp4, write_wav
+from quantkit.synthetic.media import write_wav
 from quantkit.zoo.models import ZOO, build_zoo_model
 
 ALL_MODELS = list(ZOO)

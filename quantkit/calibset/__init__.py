@@ -18,6 +18,7 @@ from quantkit.calibset.build import (
 )
 from quantkit.errors import InputError
 from quantkit.fsutil import sha256_file
+from quantkit.media import MediaError, require_regular_file
 
 __all__ = [
     "CalibrateOptions",
@@ -103,8 +104,6 @@ def check_set_media(path: Path, report: dict, rows: list[dict]) -> None:
     """Every media file the set's rows name is a regular file (checked before anything opens it:
     a FIFO would block) and, for a set that recorded them (``media_files``: size and mtime, or
     size and digest for the media the set carries), the very file calibrate chose."""
-    from quantkit.media import MediaError, require_regular_file
-
     recorded = report.get("media_files")
     for row in rows:
         for column in ("images", "videos", "audios"):

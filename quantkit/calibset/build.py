@@ -17,9 +17,10 @@ import numpy as np
 from quantkit import __version__
 from quantkit.calibset.allocate import allocate, choose
 from quantkit.calibset.report import summarize, write_report_markdown
+from quantkit.calibset.tokens import TokenCounter, image_rule_of, load_processor
 from quantkit.errors import InputError
 from quantkit.fsutil import atomic_output_dir, check_output_free, refuse_calibrate_overlap, sha256_file
-from quantkit.media import MediaStore
+from quantkit.mediasources import MediaStore
 from quantkit.pool import PoolReadResult, PoolRecord, gc_paused, read_pool
 from quantkit.pool.index import PoolIndex
 from quantkit.pool.read import reason_kind
@@ -253,8 +254,6 @@ def build_calibration_set(
 def _build(pools, output, options, taxonomy, taxonomy_path, hooks, store) -> CalibrationSetResult:
     processor = image_rule = None
     if options.model is not None:
-        from quantkit.calibset.tokens import image_rule_of, load_processor
-
         processor = load_processor(options.model)
         image_rule = image_rule_of(processor)
 
@@ -299,21 +298,10 @@ def _build(pools, output, options, taxonomy, taxonomy_path, hooks, store) -> Cal
     token_counts: np.ndarray | None = None  # aligned with usable
     too_long: list = []  # the groups of the records left out (what the report counts by)
     if processor is not None:
-        from quantkit.calibset.tokens import TokenCounter
-
         hooks.phase("counting tokens")
-        counter = TokenCounter(processor)
-        counts = np.zeros(len(usable), dtype=np.int64)
-        for start in range(0, len(usable), 4096):  # records read again a batch at a time
-            for offset, record in enumerate(index.materialize(usable[start : start + 4096])):
-                counts[start + offset] = counter(json.loads(record.payload), limit=options.max_seq_len)
-        fits = counts <= options.max_seq_len if options.max_seq_len is not None else np.ones(len(usable), bool)
-        too_long = list(index.groups_of(usable[~fits]))
-        usable, token_counts = usable[fits], counts[fits]
+        usable, token_counts, too_long = _fitting(index, usable, processor, options.max_seq_len)
         if too_long:
             notes.append(f"{len(too_long)} sample(s) over --max-seq-len {options.max_seq_len} left out")
-        if not len(usable):
-            raise InputError(f"every sample is longer than --max-seq-len {options.max_seq_len}")
 
     # Nothing below makes reference cycles: no cyclic GC walking the pool's records meanwhile.
     with gc_paused():
@@ -372,21 +360,40 @@ def _build(pools, output, options, taxonomy, taxonomy_path, hooks, store) -> Cal
             sorted(Counter(reason_kind(s.reason) for s in pool.skipped).items())
         )
         hooks.phase("writing")
-        with atomic_output_dir(output, force=options.force) as staging:
-            refuse_media_inside(output, selected)
-            rows = _carry_embedded(rows, selected, store, staging, Path(output).absolute() / MEDIA_DIR)
-            report["media_files"] = _media_fingerprints(selected, store, Path(output).absolute() / MEDIA_DIR)
-            samples_path = staging / SAMPLES_FILE
-            with open(samples_path, "w", encoding="utf-8") as handle:
-                for row in rows:
-                    handle.write(row + "\n")
-            report["samples_sha256"] = sha256_file(samples_path)
-            (staging / REPORT_FILE).write_text(
-                json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8"
-            )
-            write_report_markdown(report, staging / REPORT_MARKDOWN)
-            _append_markdown(report, staging / REPORT_MARKDOWN)
+        _write_set(output, rows, selected, report, store, force=options.force)
     return CalibrationSetResult(output=output, report=report, notes=notes)
+
+
+def _fitting(index, usable: np.ndarray, processor, max_seq_len: int | None):
+    """The records of ``usable`` within ``max_seq_len`` tokens under the model's processor (all,
+    without a limit), their token counts and the groups of those left out."""
+    counter = TokenCounter(processor)
+    counts = np.zeros(len(usable), dtype=np.int64)
+    for start in range(0, len(usable), 4096):  # records read again a batch at a time
+        for offset, record in enumerate(index.materialize(usable[start : start + 4096])):
+            counts[start + offset] = counter(json.loads(record.payload), limit=max_seq_len)
+    fits = counts <= max_seq_len if max_seq_len is not None else np.ones(len(usable), bool)
+    too_long = list(index.groups_of(usable[~fits]))
+    if not fits.any():
+        raise InputError(f"every sample is longer than --max-seq-len {max_seq_len}")
+    return usable[fits], counts[fits], too_long
+
+
+def _write_set(output: Path, rows: list[str], selected, report: dict, store, *, force: bool) -> None:
+    """The set's folder, written atomically: samples.jsonl, the media it carries, report.json and
+    report.md (the report gains the media fingerprints and the samples' hash)."""
+    with atomic_output_dir(output, force=force) as staging:
+        refuse_media_inside(output, selected)
+        rows = _carry_embedded(rows, selected, store, staging, Path(output).absolute() / MEDIA_DIR)
+        report["media_files"] = _media_fingerprints(selected, store, Path(output).absolute() / MEDIA_DIR)
+        samples_path = staging / SAMPLES_FILE
+        with open(samples_path, "w", encoding="utf-8") as handle:
+            for row in rows:
+                handle.write(row + "\n")
+        report["samples_sha256"] = sha256_file(samples_path)
+        (staging / REPORT_FILE).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        write_report_markdown(report, staging / REPORT_MARKDOWN)
+        _append_markdown(report, staging / REPORT_MARKDOWN)
 
 
 def _dry_run(pool: PoolReadResult, error: InputError | None) -> CalibrationSetResult:

@@ -8,7 +8,7 @@ from operator import attrgetter, itemgetter
 from pathlib import Path
 
 from quantkit.pool import PoolReadResult, PoolRecord
-from quantkit.pool.reader import stratum_name
+from quantkit.pool.record import stratum_name
 from quantkit.taxonomy import Taxonomy, task_lookup
 
 _KEY = attrgetter("task", "modality", "bucket")  # what a stratum is made of

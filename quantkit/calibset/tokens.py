@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from quantkit.chat import chat_messages
 from quantkit.errors import InputError
 from quantkit.media import probe_audio, probe_image, probe_video
 from quantkit.taxonomy import ImageRule
@@ -62,8 +63,6 @@ class TokenCounter:
         """The sample's sequence length. With ``limit``, a text far longer than ``limit`` tokens
         is tokenised only up to CHARS_PER_TOKEN_BOUND x limit characters: if that prefix already
         holds more than ``limit`` tokens, its count (a lower bound, over the limit) is returned."""
-        from quantkit.models.inputs import chat_messages
-
         owner = self.processor if hasattr(self.processor, "apply_chat_template") else self.tokenizer
         text = owner.apply_chat_template(chat_messages(payload["messages"]), tokenize=False)
         if limit is not None and len(text) > CHARS_PER_TOKEN_BOUND * limit:

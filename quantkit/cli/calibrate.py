@@ -13,120 +13,139 @@ from quantkit import terminal
 from quantkit.cli._common import Force, Seed, console, err_console
 from quantkit.errors import InputError
 
+PoolsArgument = Annotated[
+    list[Path],
+    typer.Argument(
+        help="Your training data as it is (docs/formats.md lists every format): JSONL, JSON or CSV "
+        "files in the ms-swift / LLaMA-Factory / ShareGPT / alpaca / OpenAI / LLaVA / TRL / ... "
+        "formats, a LLaMA-Factory data folder (with dataset_info.json) or training config (YAML), "
+        "an InternVL meta file, "
+        "Parquet, a save_to_disk folder or a Hub-layout folder.",
+        show_default=False,
+    ),
+]
+OutputOption = Annotated[
+    Path | None,
+    typer.Option("--output", "-o", help="Folder to write (atomically); not needed with --dry-run."),
+]
+SizeOption = Annotated[int, typer.Option(min=1, help="Samples in the set.")]
+TaxonomyOption = Annotated[
+    Path | None, typer.Option(help="Task taxonomy YAML (default: calibration/taxonomy.yaml).")
+]
+ModelOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="Model folder: count tokens with its processor and chat template; size images by its rule."
+    ),
+]
+MaxSeqLenOption = Annotated[
+    int | None,
+    typer.Option(min=1, help="Leave out samples longer than this many tokens (needs --model)."),
+]
+MinPerStratumOption = Annotated[
+    int, typer.Option(min=0, help="Floor of samples for every non-empty stratum.")
+]
+TaskFieldOption = Annotated[str, typer.Option(help="Record field holding the task name.")]
+SkipInvalidOption = Annotated[
+    bool,
+    typer.Option("--skip-invalid", help="Skip invalid records (counted in the report) instead of failing."),
+]
+AllowMissingTasksOption = Annotated[
+    bool, typer.Option("--allow-missing-tasks", help="Do not fail when a taxonomy task has no sample.")
+]
+StrictOption = Annotated[
+    bool, typer.Option("--strict", help="Fail when the pool has fewer usable samples than --size.")
+]
+DatasetOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--dataset",
+        help="LLaMA-Factory dataset names (comma-separated or repeated), as its `dataset:` option "
+        "takes them; default: every entry of dataset_info.json whose file exists.",
+    ),
+]
+SplitOption = Annotated[
+    str | None, typer.Option(help="Split of a DatasetDict or Hub-layout folder (default: train).")
+]
+MediaRootOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--media-root",
+        help="Folder media may lie in besides the pool's own (repeatable); absolute media paths must "
+        "lie inside one, symlinks included.",
+    ),
+]
+TaskOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--task",
+        help="SOURCE=TASK (repeatable): the task of the records of a pool file, a glob or a "
+        "LLaMA-Factory dataset name that carry no task field.",
+    ),
+]
+DefaultTaskOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="MODALITY=TASK (repeatable): the task of the MODALITY records (image, multi-image, "
+        "video, video+audio, audio, image+audio, text...) nothing else assigns one to; a plain TASK "
+        "takes every modality its taxonomy entry lists. A task never takes a modality it does not list.",
+    ),
+]
+VerifyMediaOption = Annotated[
+    str,
+    typer.Option(
+        help="Media kinds checked to decode to their end (image, video, audio, comma-separated; "
+        "all; none), so a cut file fails here and not in quantize.",
+    ),
+]
+WorkersOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Processes a JSONL file or JSON array is read in, each taking a part of it; the set is the same for "
+        "any number. Default: one per CPU core, for files of 16 MB and more.",
+        show_default=False,
+    ),
+]
+IgnoreFieldOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--ignore-field",
+        help="A record field to leave out although it holds media (repeatable): without it, media "
+        "in a field the reader does not use are an error. Unused fields are listed per source.",
+    ),
+]
+DryRunOption = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run", help="Read and validate everything, print the per-source table, write nothing."
+    ),
+]
+
 
 def calibrate(
-    pools: Annotated[
-        list[Path],
-        typer.Argument(
-            help="Your training data as it is (docs/formats.md lists every format): JSONL, JSON or CSV "
-            "files in the ms-swift / LLaMA-Factory / ShareGPT / alpaca / OpenAI / LLaVA / TRL / ... "
-            "formats, a LLaMA-Factory data folder (with dataset_info.json) or training config (YAML), "
-            "an InternVL meta file, "
-            "Parquet, a save_to_disk folder or a Hub-layout folder.",
-            show_default=False,
-        ),
-    ],
-    output: Annotated[
-        Path | None,
-        typer.Option("--output", "-o", help="Folder to write (atomically); not needed with --dry-run."),
-    ] = None,
-    size: Annotated[int, typer.Option(min=1, help="Samples in the set.")] = 5000,
-    taxonomy: Annotated[
-        Path | None, typer.Option(help="Task taxonomy YAML (default: calibration/taxonomy.yaml).")
-    ] = None,
+    pools: PoolsArgument,
+    output: OutputOption = None,
+    size: SizeOption = 5000,
+    taxonomy: TaxonomyOption = None,
     seed: Seed = 0,
-    model: Annotated[
-        Path | None,
-        typer.Option(
-            help="Model folder: count tokens with its processor and chat template; size images by its rule."
-        ),
-    ] = None,
-    max_seq_len: Annotated[
-        int | None,
-        typer.Option(min=1, help="Leave out samples longer than this many tokens (needs --model)."),
-    ] = None,
-    min_per_stratum: Annotated[
-        int, typer.Option(min=0, help="Floor of samples for every non-empty stratum.")
-    ] = 2,
-    task_field: Annotated[str, typer.Option(help="Record field holding the task name.")] = "task",
-    skip_invalid: Annotated[
-        bool,
-        typer.Option(
-            "--skip-invalid", help="Skip invalid records (counted in the report) instead of failing."
-        ),
-    ] = False,
-    allow_missing_tasks: Annotated[
-        bool, typer.Option("--allow-missing-tasks", help="Do not fail when a taxonomy task has no sample.")
-    ] = False,
-    strict: Annotated[
-        bool, typer.Option("--strict", help="Fail when the pool has fewer usable samples than --size.")
-    ] = False,
+    model: ModelOption = None,
+    max_seq_len: MaxSeqLenOption = None,
+    min_per_stratum: MinPerStratumOption = 2,
+    task_field: TaskFieldOption = "task",
+    skip_invalid: SkipInvalidOption = False,
+    allow_missing_tasks: AllowMissingTasksOption = False,
+    strict: StrictOption = False,
     force: Force = False,
-    dataset: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--dataset",
-            help="LLaMA-Factory dataset names (comma-separated or repeated), as its `dataset:` option "
-            "takes them; default: every entry of dataset_info.json whose file exists.",
-        ),
-    ] = None,
-    split: Annotated[
-        str | None, typer.Option(help="Split of a DatasetDict or Hub-layout folder (default: train).")
-    ] = None,
-    media_root: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--media-root",
-            help="Folder media may lie in besides the pool's own (repeatable); absolute media paths must "
-            "lie inside one, symlinks included.",
-        ),
-    ] = None,
-    task: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--task",
-            help="SOURCE=TASK (repeatable): the task of the records of a pool file, a glob or a "
-            "LLaMA-Factory dataset name that carry no task field.",
-        ),
-    ] = None,
-    default_task: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="MODALITY=TASK (repeatable): the task of the MODALITY records (image, multi-image, "
-            "video, video+audio, audio, image+audio, text...) nothing else assigns one to; a plain TASK "
-            "takes every modality its taxonomy entry lists. A task never takes a modality it does not list.",
-        ),
-    ] = None,
-    verify_media: Annotated[
-        str,
-        typer.Option(
-            help="Media kinds checked to decode to their end (image, video, audio, comma-separated; "
-            "all; none), so a cut file fails here and not in quantize.",
-        ),
-    ] = "image,audio",
-    workers: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="Processes a JSONL file or JSON array is read in, each taking a part of it; the set is the same for "
-            "any number. Default: one per CPU core, for files of 16 MB and more.",
-            show_default=False,
-        ),
-    ] = None,
-    ignore_field: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--ignore-field",
-            help="A record field to leave out although it holds media (repeatable): without it, media "
-            "in a field the reader does not use are an error. Unused fields are listed per source.",
-        ),
-    ] = None,
-    dry_run: Annotated[
-        bool,
-        typer.Option(
-            "--dry-run", help="Read and validate everything, print the per-source table, write nothing."
-        ),
-    ] = False,
+    dataset: DatasetOption = None,
+    split: SplitOption = None,
+    media_root: MediaRootOption = None,
+    task: TaskOption = None,
+    default_task: DefaultTaskOption = None,
+    verify_media: VerifyMediaOption = "image,audio",
+    workers: WorkersOption = None,
+    ignore_field: IgnoreFieldOption = None,
+    dry_run: DryRunOption = False,
 ) -> None:
     """Build a calibration set stratified by task sensitivity, modality combination and size bucket.
 

@@ -210,12 +210,12 @@ def quantize(
     from quantkit.errors import InputError
     from quantkit.fsutil import (
         check_cache_writable,
-        check_model_folder,
         check_output_file,
         check_output_free,
         check_writable,
         refuse_overlap,
     )
+    from quantkit.modelfiles import check_model_folder
 
     # Before importing torch or reading anything heavy (processor, set, weights): the model
     # folder and its files, an output that would overwrite an input, one that cannot be written.

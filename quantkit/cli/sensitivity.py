@@ -95,13 +95,8 @@ def sensitivity(
         quantkit sensitivity models/qwen3 --calib calib --num-samples 8 -o sens.json
     """
     from quantkit.cli.quantize import default_cache_dir
-    from quantkit.fsutil import (
-        check_cache_writable,
-        check_model_folder,
-        check_output_file,
-        check_writable,
-        refuse_overlap,
-    )
+    from quantkit.fsutil import check_cache_writable, check_output_file, check_writable, refuse_overlap
+    from quantkit.modelfiles import check_model_folder
 
     check_model_folder(model)  # before torch is imported, and hours of measuring
     cache = cache_dir or default_cache_dir()
@@ -114,8 +109,8 @@ def sensitivity(
 
     from quantkit.models.adapters import adapter_for
     from quantkit.models.inputs import processor_capabilities
+    from quantkit.precision.table import save_table
     from quantkit.quantize.calibration_set import samples_from_set
-    from quantkit.sensitivity import save_table
     from quantkit.sensitivity import sensitivity as measure
 
     resolved = adapter_for(model, adapter)

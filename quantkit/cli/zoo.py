@@ -84,7 +84,7 @@ def demo_pool(
     """
     if skills:
         from quantkit.errors import InputError
-        from quantkit.zoo.skills_tasks import SUITES, suite_module, write_skills_pool
+        from quantkit.synthetic.skills_tasks import SUITES, suite_module, write_skills_pool
 
         if suite not in SUITES:
             raise InputError(f"unknown --suite {suite!r}", hint=f"choose one of: {', '.join(SUITES)}")

@@ -1,6 +1,6 @@
 """``quantkit eval ORIGINAL CKPT... --tasks skills``: per-task accuracy of ``tiny-omni-skills``.
 
-Each task of ``quantkit.zoo.skills_tasks`` is scored by its own metric on held-out items (drawn
+Each task of ``quantkit.synthetic.skills_tasks`` is scored by its own metric on held-out items (drawn
 with EVAL_SEED, a seed no training step uses), through ``generate`` with the model's chat template
 and processor, greedy:
 
@@ -23,7 +23,17 @@ from pathlib import Path
 
 from quantkit.errors import InputError
 from quantkit.eval.gate import DEFAULT_MAX_LOSS, within
-from quantkit.zoo import EVAL_SEED  # the seed of held-out items, one for every suite
+from quantkit.eval.report import (
+    SECTION_END,
+    SECTION_START,
+    fmt,
+    fmt_pct,
+    strict_json,
+    update_card,
+    write_atomic,
+)
+from quantkit.synthetic import EVAL_SEED, skills_tasks  # EVAL_SEED: held-out items, every suite
+from quantkit.synthetic.skills_tasks import processor_inputs, suite_module
 
 GROUPS = ("image", "video", "audio", "text")
 SCORE_LABELS = {"exact": "exact match", "iou": "IoU>=0.5 rate", "tiou": "mean tIoU", "wer": "1 - WER"}
@@ -150,7 +160,6 @@ def score_model(
 ) -> ModelScores:
     """Generate greedily for ``items`` held-out items per task and score each by its metric."""
     started = time.monotonic()
-    from quantkit.zoo.skills_tasks import suite_module
 
     suite = suite_module(read_skills(model_dir)) if (Path(model_dir) / "skills.json").is_file() else None
     model, processor = _load(Path(model_dir))
@@ -173,11 +182,8 @@ def score_loaded(
     suite=None,
 ) -> list[TaskScore]:
     """The per-task scores of a model already in memory (the trainer measures its runs with it);
-    ``suite`` is the task module (``quantkit.zoo.skills_tasks`` by default)."""
+    ``suite`` is the task module (``quantkit.synthetic.skills_tasks`` by default)."""
     import torch
-
-    from quantkit.zoo import skills_tasks
-    from quantkit.zoo.skills import processor_inputs
 
     suite = suite or skills_tasks
     results = []
@@ -265,8 +271,6 @@ class SkillsReport:
 
 
 def render_skills_section(payload: dict) -> str:
-    from quantkit.eval.report import SECTION_END, SECTION_START, fmt, fmt_pct
-
     verdict = "**within**" if payload["passed"] else "**beyond**"
     lines = [
         SECTION_START,
@@ -305,8 +309,6 @@ def evaluate_skills(
 ) -> SkillsReport:
     """Score the original and each checkpoint on every task of the original's ``skills.json``;
     write ``eval.json`` and the card section beside each checkpoint."""
-    from quantkit.eval.report import strict_json, update_card, write_atomic
-
     manifest = read_skills(original)
     names = [t["name"] for t in manifest["tasks"]]
     if tasks:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from quantkit.fsutil import INDEX_FILE
+from quantkit.modelfiles import INDEX_FILE
 from quantkit.models.adapters import ServingLayout, prefix_pattern
 
 

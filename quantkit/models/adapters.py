@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from quantkit.datafile import load_yaml_model
 from quantkit.errors import InputError
-from quantkit.fsutil import read_model_config
+from quantkit.modelfiles import read_model_config
 
 ADAPTERS_DIR = Path(__file__).resolve().parents[2] / "recipes" / "adapters"
 AUTO_CLASSES = ("AutoModelForCausalLM", "AutoModelForImageTextToText")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from quantkit.chat import PLACEHOLDER, ROLE_ALIASES, placeholder_order
+from quantkit.chat import chat_messages, placeholder_order
 from quantkit.media import load_audio, load_image, load_video, probe_video
 
 
@@ -36,33 +36,6 @@ class Sample:
 
 class UnsupportedModality(ValueError):
     """The sample holds a medium the model (its processor) cannot take."""
-
-
-def chat_messages(messages: list[dict]) -> list[dict]:
-    """Split each message's text at its placeholders into typed content parts.
-
-    ``"<image>What is it?"`` becomes ``[{"type": "image"}, {"type": "text", "text": "What is it?"}]``.
-    """
-    converted = []
-    for message in messages:
-        role = ROLE_ALIASES[message["role"]]
-        if not PLACEHOLDER.search(message["content"]):
-            # Plain text stays a string: text-only chat templates (SmolLM2, Llama) concatenate
-            # message['content'] and break on a list of parts; multimodal templates take both.
-            converted.append({"role": role, "content": message["content"]})
-            continue
-        parts: list[dict] = []
-        cursor = 0
-        text = message["content"]
-        for match in PLACEHOLDER.finditer(text):
-            if match.start() > cursor:
-                parts.append({"type": "text", "text": text[cursor : match.start()]})
-            parts.append({"type": match.group(1)})
-            cursor = match.end()
-        if cursor < len(text):
-            parts.append({"type": "text", "text": text[cursor:]})
-        converted.append({"role": role, "content": parts})
-    return converted
 
 
 def processor_capabilities(processor) -> set[str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from quantkit.fsutil import read_model_config
+from quantkit.modelfiles import read_model_config
 
 # transformers modules that import scikit-learn / scipy names at import time when scikit-learn is
 # installed: the names each takes, and where from (generation_without_sklearn).

@@ -507,30 +507,38 @@ def normalize(record: Mapping | list, spec: FormatSpec | None = None) -> dict:
 
     tools = declared("tools")
     if system not in (None, "") or tools not in (None, "", []):
-        if system not in (None, "") and not isinstance(system, str):
-            raise RecordError("'system' must be a string")
-        has_system = turns.messages[0]["role"] == "system"
-        text = turns.messages[0]["content"] if has_system else (system or "")
-        if tools not in (None, "", []):
-            listed = tools if isinstance(tools, str) else json.dumps(tools, ensure_ascii=False)
-            text = f"{text}\n\n# Tools\n\n{listed}" if text else f"# Tools\n\n{listed}"
-        if has_system:
-            turns.messages[0]["content"] = text
-        else:
-            turns.messages.insert(0, {"role": "system", "content": text})
-
-    for message in turns.messages:  # Qwen-VL's <img>path</img>
-        if "<img>" in message["content"]:
-            turns.media["image"].extend(m.strip() for m in _QWEN_IMG.findall(message["content"]))
-            message["content"] = _QWEN_IMG.sub("<image>", message["content"])
-            turns.inline = True
-
+        _system_turn(turns, system, tools)
+    _qwen_images(turns)
     objects = take("objects")
     if objects not in (None, "", [], {}):
         _substitute_objects(turns, objects)
         turns.labels.append("grounding objects")
     return _finish(record, spec, turns, label, used)
 
+
+
+def _system_turn(turns: _Turns, system: object, tools: object) -> None:
+    """The record's system prompt and its tool list (as a "# Tools" section) in the first turn."""
+    if system not in (None, "") and not isinstance(system, str):
+        raise RecordError("'system' must be a string")
+    has_system = turns.messages[0]["role"] == "system"
+    text = turns.messages[0]["content"] if has_system else (system or "")
+    if tools not in (None, "", []):
+        listed = tools if isinstance(tools, str) else json.dumps(tools, ensure_ascii=False)
+        text = f"{text}\n\n# Tools\n\n{listed}" if text else f"# Tools\n\n{listed}"
+    if has_system:
+        turns.messages[0]["content"] = text
+    else:
+        turns.messages.insert(0, {"role": "system", "content": text})
+
+
+def _qwen_images(turns: _Turns) -> None:
+    """Qwen-VL's inline ``<img>path</img>`` become <image> placeholders and the turn's images."""
+    for message in turns.messages:
+        if "<img>" in message["content"]:
+            turns.media["image"].extend(m.strip() for m in _QWEN_IMG.findall(message["content"]))
+            message["content"] = _QWEN_IMG.sub("<image>", message["content"])
+            turns.inline = True
 
 def _finish(record: Mapping, spec: FormatSpec, turns: _Turns, label: str, used: set[str]) -> dict:
     """The media lists (from the record's fields or the turns) with one placeholder per item."""

@@ -26,16 +26,14 @@ from quantkit.media import (
     AudioInfo,
     ImageInfo,
     MediaError,
-    MediaRoots,
-    MediaStore,
     VideoInfo,
     check_extension,
-    decode_data_uri,
     frames_to_mp4,
     probe_audio,
     probe_image,
     probe_video,
 )
+from quantkit.mediasources import MediaRoots, MediaStore, decode_data_uri
 from quantkit.pool.formats import MISSING_TEXT, FormatSpec, normalize
 from quantkit.pool.index import Group
 from quantkit.pool.record import (

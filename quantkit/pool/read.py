@@ -21,7 +21,7 @@ import numpy as np
 
 from quantkit.errors import InputError
 from quantkit.fsutil import sha256_file
-from quantkit.media import MediaRoots, MediaStore
+from quantkit.mediasources import MediaRoots, MediaStore
 from quantkit.pool.dedupe import drop_duplicates, id_conflicts
 from quantkit.pool.index import PoolIndex
 from quantkit.pool.jsonfile import json_array_at, jsonl_at, read_json_array, read_jsonl

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quantkit.errors import InputError
-from quantkit.media import is_utf8_name
+from quantkit.mediasources import is_utf8_name
 from quantkit.pool.formats import FormatSpec
 from quantkit.pool.jsonfile import first_char
 from quantkit.pool.tables import hub_files, is_save_to_disk

@@ -37,13 +37,8 @@ from quantkit.features.processor import (
     prepare_samples,
     processor_fingerprint,
 )
-from quantkit.fsutil import (
-    atomic_output_dir,
-    check_model_folder,
-    check_output_free,
-    output_lock,
-    refuse_overlap,
-)
+from quantkit.fsutil import atomic_output_dir, check_output_free, output_lock, refuse_overlap
+from quantkit.modelfiles import check_model_folder
 from quantkit.models.adapters import Adapter, adapter_for, model_architecture
 from quantkit.models.inputs import Sample
 from quantkit.models.loading import saved_dtype, set_saved_dtype, unfuse_experts, unfuse_experts_on_meta

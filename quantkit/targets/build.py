@@ -37,7 +37,8 @@ from quantkit.eval.gate import (
     unresolvable,
     verdict_record,
 )
-from quantkit.fsutil import check_model_folder, check_writable, refuse_overlap, sha256_file, write_file_atomic
+from quantkit.fsutil import check_writable, refuse_overlap, sha256_file, write_file_atomic
+from quantkit.modelfiles import check_model_folder
 
 BUILD_FILE = "build.json"
 LOSS_DEFINITION = (

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from quantkit.errors import InputError
-from quantkit.fsutil import check_model_folder, check_writable, refuse_overlap, write_file_atomic
+from quantkit.fsutil import check_writable, refuse_overlap, write_file_atomic
+from quantkit.modelfiles import check_model_folder
 from quantkit.verify.audit import FILES_CHECK, AuditResult, audit_checkpoint
 from quantkit.verify.drift import DriftReport, DriftThresholds, measure_drift
 from quantkit.verify.serve import ServeCheck, check_port, check_served, serve_python

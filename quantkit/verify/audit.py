@@ -14,8 +14,9 @@ from pathlib import Path
 import torch
 
 from quantkit.errors import InputError
-from quantkit.fsutil import read_model_config
-from quantkit.models.adapters import Adapter, adapter_for
+from quantkit.modelfiles import read_model_config, safetensors_problems
+from quantkit.models.adapters import Adapter, adapter_for, unprefix_pattern
+from quantkit.models.loading import generation_without_sklearn, unfuse_experts_on_meta
 
 # Stored dtypes a compression format writes for a quantized weight.
 WEIGHT_DTYPES = {
@@ -119,8 +120,6 @@ def load_tensors(checkpoint: Path, index: dict[str, TensorInfo], names: list[str
 
 
 def _quantization_config(checkpoint: Path):
-    from quantkit.models.loading import generation_without_sklearn
-
     # compressed-tensors imports transformers' generation stack, which imports scikit-learn
     # (with scipy and pandas, ~2.7 s of CPU) when installed; an audit never generates. Where
     # transformers is already imported (verify after a quantize run) this is a no-op.
@@ -203,22 +202,17 @@ def audit_checkpoint(checkpoint: Path, *, adapter: Adapter | Path | None = None)
     if qconfig is None:
         return result
 
-    from quantkit.fsutil import safetensors_problems
-
     damaged = safetensors_problems(checkpoint)
     result.add(FILES_CHECK, damaged)
     if damaged:  # nothing below can read the tensors
         return result
     prefix = adapter.serving.prefix if adapter.is_wrapped(checkpoint) else ""
     if prefix:  # judge the thinker by its own names, as the tensors below the prefix hold it
-        from quantkit.models.adapters import unprefix_pattern
-
         qconfig.ignore = [unprefix_pattern(p, prefix) for p in qconfig.ignore or []]
         for scheme in qconfig.config_groups.values():
             scheme.targets = [unprefix_pattern(t, prefix) for t in scheme.targets]
     index = read_tensor_index(checkpoint, prefix)
     skeleton = adapter.meta_model(checkpoint)
-    from quantkit.models.loading import unfuse_experts_on_meta
 
     unfuse_experts_on_meta(skeleton)  # quantized MoE checkpoints hold one Linear per expert
     linears = {n: m for n, m in skeleton.named_modules() if isinstance(m, torch.nn.Linear)}

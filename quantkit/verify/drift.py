@@ -29,7 +29,10 @@ import torch
 
 from quantkit.calibset import load_calibration_set, stratified_subsample
 from quantkit.errors import InputError
+from quantkit.models.adapters import adapter_for
 from quantkit.models.inputs import Sample, processor_capabilities, processor_inputs
+from quantkit.quantize.run import saved_dtype
+from quantkit.quantize.token_weights import media_token_ids
 
 METRICS = ("kl", "top1", "cosine", "greedy_prefix")
 # A group's means are judged only when they rest on at least this many scored positions (tokens,
@@ -276,8 +279,6 @@ def _row_inputs(processor, row: dict, media_ids: set[int]) -> _RowInputs:
 
 
 def _media_ids(model) -> set[int]:
-    from quantkit.quantize.token_weights import media_token_ids
-
     return set().union(*media_token_ids(model.config).values())
 
 
@@ -398,9 +399,6 @@ def choose_held_out_rows(
     (``reference``, ``original_accuracy``). ``floor``: default ACCURACY_FLOOR. ``per_task_items``:
     instead of splitting ``count``, every task's share is that many of its rows (all it has, if
     fewer): the build's gate judges each task on all of them."""
-    from quantkit.models.adapters import adapter_for
-    from quantkit.quantize.run import saved_dtype
-
     floor = ACCURACY_FLOOR if floor is None else floor
     reference = Path(reference)
     adapter = adapter_for(reference)
@@ -462,8 +460,6 @@ def measure_drift(
 ) -> DriftReport:
     """``held_out``: the rows to measure on (``choose_held_out_rows``, recorded in the report),
     instead of ``num_samples`` drawn keeping the proportions of ``stratify_by``."""
-    from quantkit.models.adapters import adapter_for
-
     reference, checkpoint = Path(reference), Path(checkpoint)
     ref_adapter, q_adapter = adapter_for(reference), adapter_for(checkpoint)
     processor = q_adapter.load_processor(checkpoint)
@@ -481,8 +477,6 @@ def measure_drift(
             by=stratify_by,
         )
     # Each in its saved dtype: transformers cannot run some reloaded quantized models in float32.
-    from quantkit.quantize.run import saved_dtype
-
     original = ref_adapter.load_model(reference, dtype=saved_dtype(reference))
     quantized = q_adapter.load_model(checkpoint, dtype=saved_dtype(checkpoint))
     media_ids = _media_ids(original)

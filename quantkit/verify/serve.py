@@ -5,7 +5,7 @@ The server runs in the vLLM environment (.venv-vllm, as ``--vllm``), on the loop
 a free port, in its own process group; it is stopped on every way out (answers in, a failure, a
 timeout, Ctrl-C), and it dies with quantkit if quantkit is killed (PR_SET_PDEATHSIG, in
 vllm_worker.serve). One text, one image, one audio and one video request go through the ``openai``
-client (chat completions; the media as base64 data URLs, made by quantkit.zoo.media), greedy, with
+client (chat completions; the media as base64 data URLs, made by quantkit.synthetic.media), greedy, with
 ``max_tokens`` new tokens. The offline engine (``vllm.LLM.chat``) then answers the very same
 messages with the sampling the server applies (the model's generation-config defaults, greedy,
 the same ``max_tokens``).
@@ -32,7 +32,12 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from quantkit import media as media_files
 from quantkit.errors import InputError
+from quantkit.export.card import update_card_section
+from quantkit.models.adapters import adapter_for
+from quantkit.models.inputs import processor_capabilities
+from quantkit.synthetic import media
 from quantkit.terminal import pass_on
 from quantkit.verify.vllm_check import (
     WORKER,
@@ -123,8 +128,6 @@ def probe_media(folder: Path) -> dict[str, Path]:
     same bytes every run)."""
     import numpy as np
 
-    from quantkit.zoo import media
-
     rng = np.random.default_rng(0)
     paths = {"image": folder / "probe.png", "audio": folder / "probe.wav", "video": folder / "probe.mp4"}
     shapes = [media.Shape("box", "red", (40, 60, 180, 170), "SALE")]
@@ -132,7 +135,7 @@ def probe_media(folder: Path) -> dict[str, Path]:
     media.write_wav(paths["audio"], media.speech_like([media.Turn(0.2, 1.8, 160.0)], 2.0, rng))
     moving = [media.Appearance("blue", 0.0, 2.0, (32, 32), x_from=0.0, x_to=1.0)]
     frames = media.video_frames((112, 112), 4, 2.0, "beige", moving)
-    media.write_mp4(paths["video"], frames, (112, 112), 4)
+    media_files.write_mp4(paths["video"], frames, (112, 112), 4)
     return paths
 
 
@@ -427,9 +430,6 @@ def check_served(
     python = serve_python()
     started = time.time()
 
-    from quantkit.models.adapters import adapter_for
-    from quantkit.models.inputs import processor_capabilities
-
     kinds = set(processor_capabilities(adapter_for(checkpoint).load_processor(checkpoint)))
     check = ServeCheck(str(checkpoint), "failed", port=port or free_port())
     with tempfile.TemporaryDirectory(prefix="quantkit-serve-") as tmp:
@@ -551,6 +551,4 @@ def card_section(check: ServeCheck) -> str:
 
 
 def write_card_section(checkpoint: Path, check: ServeCheck) -> Path:
-    from quantkit.export.card import update_card_section
-
     return update_card_section(Path(checkpoint), CARD_START, CARD_END, card_section(check))

@@ -80,7 +80,7 @@ MISSING_KERNEL_MESSAGES = (
 
 # compressed-tensors presets quantkit's recipes write, each served by vLLM on the GPUs its recipe
 # targets (recipes/targets.yaml); plus the 8-bit layers of a W4A16 recipe (quantkit's own
-# per-channel W8A16 / W8A8: quantkit.quantize.mixed.high_scheme).
+# per-channel W8A16 / W8A8: quantkit.precision.mixed.high_scheme).
 SHIPPED_PRESETS = (
     "W8A8",
     "W4A16",
@@ -105,7 +105,7 @@ def shipped_schemes(quantization_config: dict) -> list[str] | None:
     one (other bit widths, types or strategies, or a group size no recipe picks)."""
     from compressed_tensors.quantization import preset_name_to_scheme
 
-    from quantkit.quantize.mixed import high_scheme
+    from quantkit.precision.mixed import high_scheme
 
     schemes = [(name, preset_name_to_scheme(name, ["Linear"])) for name in SHIPPED_PRESETS]
     schemes += [(name, high_scheme(name, ["Linear"])) for name in SHIPPED_PROMOTED]
@@ -252,7 +252,7 @@ def probe_samples(processor, folder: Path) -> dict[str, Sample]:
 
 
 def _render(processor, sample: Sample) -> str:
-    from quantkit.models.inputs import chat_messages
+    from quantkit.chat import chat_messages
 
     owner = processor if hasattr(processor, "apply_chat_template") else processor.tokenizer
     return owner.apply_chat_template(

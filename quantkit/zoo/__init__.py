@@ -1,5 +1,2 @@
-"""Tiny and trained zoo models, their tasks and media (tests, the demo and benchmarks)."""
-
-# The seed of held-out items of every skills suite: training steps draw seeds seed * 1_000_003 + step,
-# far below it, so no held-out item was ever trained on.
-EVAL_SEED = 999_999_937
+"""Tiny and trained zoo models, their demo pools and training (tests, the demo and benchmarks); the
+tasks and media they train on live in quantkit.synthetic."""

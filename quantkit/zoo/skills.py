@@ -24,8 +24,9 @@ import torch
 
 from quantkit.errors import InputError
 from quantkit.fsutil import atomic_output_dir
-from quantkit.zoo import skills_tasks
-from quantkit.zoo.skills_tasks import TASKS, Item, make_items
+from quantkit.synthetic import skills_tasks
+from quantkit.synthetic.skills_tasks import TASKS, Item, make_items, processor_inputs
+from quantkit.zoo.models import VOCAB_SIZE, _build_qwen2_5_omni, build_tokenizer, spec_for
 
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 WEIGHTS = WEIGHTS_DIR / "tiny-omni-skills.safetensors"
@@ -57,8 +58,6 @@ def input_key(seed: int, steps: int) -> str:
     task generator makes (prompts, answers, media bytes), the schedule and optimiser settings,
     the seed and the step count. Cosmetic edits of the code keep the key."""
     import numpy as np
-
-    from quantkit.zoo.models import build_tokenizer
 
     digest = hashlib.sha256()
     settings = {
@@ -96,15 +95,11 @@ def skills_tokenizer_spec():
     """The zoo's Qwen-Omni tokenizer with numbers split into digits (as Qwen's own tokenizer does)."""
     from dataclasses import replace
 
-    from quantkit.zoo.models import VOCAB_SIZE, spec_for
-
     return replace(spec_for("qwen-omni", VOCAB_SIZE), individual_digits=True)
 
 
 def base_model(seed: int):
     """The zoo's tiny Qwen2.5-Omni thinker (float32 for training) and its processor."""
-    from quantkit.zoo.models import _build_qwen2_5_omni, build_tokenizer
-
     tokenizer = build_tokenizer(skills_tokenizer_spec())
     tokenizer.init_kwargs["size"] = dict(VIDEO_SIZE)
     torch.manual_seed(seed)
@@ -112,23 +107,6 @@ def base_model(seed: int):
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model, processor
-
-
-def processor_inputs(processor, items: list[Item], *, with_answers: bool) -> dict:
-    """One batch through the processor and the chat template, left-padded as for generation."""
-    texts = [
-        processor.apply_chat_template(i.messages(), add_generation_prompt=True, tokenize=False) for i in items
-    ]
-    if with_answers:
-        texts = [t + i.answer + "<|im_end|>" for t, i in zip(texts, items, strict=True)]
-    media: dict = {}
-    if items[0].images:
-        media["images"] = [im for i in items for im in i.images]
-    if items[0].videos:
-        media["videos"] = [v for i in items for v in i.videos]
-    if items[0].audios:
-        media["audio"] = [a for i in items for a in i.audios]
-    return dict(processor(text=texts, padding=True, return_tensors="pt", **media))
 
 
 def answer_labels(processor, items: list[Item], input_ids: torch.Tensor) -> torch.Tensor:

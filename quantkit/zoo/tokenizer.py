@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from quantkit.zoo.vocabulary import corpus_lines
+
 # Tokens every Qwen chat model has, in the order the real vocabularies list them.
 QWEN_CHAT_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -128,7 +130,6 @@ def spec_for(family: str, vocab_size: int) -> TokenizerSpec:
 def _training_corpus() -> list[str]:
     # Deterministic text covering what the demo prompts say; the BPE merges only need to be
     # plausible, not good, since the model weights are random.
-    from quantkit.zoo.vocabulary import corpus_lines
 
     return corpus_lines()
 

@@ -19,6 +19,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageDraw
 
+from quantkit import media as media_files
+from quantkit.errors import InputError
+from quantkit.fsutil import atomic_output_dir
+from quantkit.synthetic import media
+
 PATCH = 14
 SAMPLE_RATE = 16000
 VIDEO_FPS = 2  # two frames per temporal patch: one merged token group per second
@@ -265,6 +270,23 @@ def make_items(task: str, count: int, seed: int) -> list[Item]:
     return [TASKS_BY_NAME[task].make(rng) for _ in range(count)]
 
 
+def processor_inputs(processor, items: list[Item], *, with_answers: bool) -> dict:
+    """One batch through the processor and the chat template, left-padded as for generation."""
+    texts = [
+        processor.apply_chat_template(i.messages(), add_generation_prompt=True, tokenize=False) for i in items
+    ]
+    if with_answers:
+        texts = [t + i.answer + "<|im_end|>" for t, i in zip(texts, items, strict=True)]
+    media: dict = {}
+    if items[0].images:
+        media["images"] = [im for i in items for im in i.images]
+    if items[0].videos:
+        media["videos"] = [v for i in items for v in i.videos]
+    if items[0].audios:
+        media["audio"] = [a for i in items for a in i.audios]
+    return dict(processor(text=texts, padding=True, return_tensors="pt", **media))
+
+
 MAX_NEW_TOKENS = 32  # greedy decoding budget of an answer (quantkit.eval.skills)
 SUITE = "tiny-omni-skills"
 MEDIA = {
@@ -313,7 +335,10 @@ def suite_module(manifest: dict):
     return importlib.import_module(SUITES[manifest.get("suite", SUITE)])
 
 
-SUITES = {"tiny-omni-skills": "quantkit.zoo.skills_tasks", "smol-omni-skills": "quantkit.zoo.smol_tasks"}
+SUITES = {
+    "tiny-omni-skills": "quantkit.synthetic.skills_tasks",
+    "smol-omni-skills": "quantkit.synthetic.smol_tasks",
+}
 
 
 def template_fields(template: str) -> list[str]:
@@ -331,10 +356,6 @@ def write_skills_pool(output, *, per_task: int = 16, seed: int = 7, force: bool 
     import json
     import sys
     from pathlib import Path
-
-    from quantkit.errors import InputError
-    from quantkit.fsutil import atomic_output_dir
-    from quantkit.zoo import media
 
     if per_task < 1:
         raise InputError(f"--per-task must be at least 1, got {per_task}")
@@ -354,7 +375,7 @@ def write_skills_pool(output, *, per_task: int = 16, seed: int = 7, force: bool 
                 for k, frames in enumerate(item.videos):
                     files["videos"].append(f"media/{record_id}-v{k}.mp4")
                     size = (frames.shape[2], frames.shape[1])
-                    media.write_mp4(staging / files["videos"][-1], iter(frames), size, VIDEO_FPS)
+                    media_files.write_mp4(staging / files["videos"][-1], iter(frames), size, VIDEO_FPS)
                 for k, audio in enumerate(item.audios):
                     files["audios"].append(f"media/{record_id}-a{k}.wav")
                     media.write_wav(staging / files["audios"][-1], audio, SAMPLE_RATE)

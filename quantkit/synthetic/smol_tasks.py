@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageDraw
 
-from quantkit.zoo import skills_tasks
-from quantkit.zoo.skills_tasks import COLOURS, SAMPLE_RATE, SHAPES, VIDEO_FPS, _pick, silence, tone
+from quantkit.synthetic import skills_tasks
+from quantkit.synthetic.skills_tasks import COLOURS, SAMPLE_RATE, SHAPES, VIDEO_FPS, _pick, silence, tone
 
 CELL = 28  # pixels under one merged vision token
 AUDIO_TOKENS_PER_SECOND = 25

@@ -16,9 +16,6 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from quantkit.media import video_codec as video_codec  # re-exported: the generators here write MP4s
-from quantkit.media import write_mp4 as write_mp4
-
 SAMPLE_RATE = 16_000
 
 RGB = tuple[int, int, int]
@@ -257,5 +254,3 @@ def _banner(text: str, width: int, height: int) -> np.ndarray:
     face = fitting_font(text, int(width * 0.95), int(height * 0.8), min_size=6)
     ImageDraw.Draw(image).text((width // 2, height // 2), text, fill=(255, 230, 0), font=face, anchor="mm")
     return np.asarray(image)
-
-
