@@ -221,7 +221,8 @@ def checkpoint_rtn_simulation(model_dir, checkpoint, samples) -> torch.nn.Module
     layers = {}  # module name -> (module, scheme)
     for scheme in config.config_groups.values():
         for name, module in match_named_modules(model, scheme.targets, config.ignore or []):
-            layers[name] = (module, scheme)
+            if isinstance(module, torch.nn.Linear):  # a name pattern also matches experts' containers
+                layers[name] = (module, scheme)
     assert layers, "no layer of the original matches the checkpoint's config groups"
     static_global = [
         n
