@@ -16,7 +16,7 @@ from quantkit.calibset import CalibrateOptions, build_calibration_set
 from quantkit.cli import app
 from quantkit.errors import InputError
 from quantkit.recipes import get_recipe, list_recipes
-from quantkit.targets import build_checkpoints, load_targets
+from quantkit.build import build_checkpoints, load_targets
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -605,7 +605,7 @@ def test_drift_losses_read_in_points_and_eval_task_losses_in_percent():
     """The drift loss is percentage points of answer-token accuracy; an --eval-tasks loss is
     100% - recovery: each judgement, chain table and card names its own unit and the interval,
     and a budget judged against both says both."""
-    from quantkit.targets.build import CheckpointBuild, TargetBuild, _card_section, _judge, budget_text
+    from quantkit.build.build import CheckpointBuild, TargetBuild, _card_section, _judge, budget_text
 
     def judged(losses: dict[str, tuple[float, float, float]], max_loss: float):
         intervals = {
@@ -638,7 +638,7 @@ def test_drift_losses_read_in_points_and_eval_task_losses_in_percent():
 def test_unresolved_counts_as_failed_unless_accepted_and_then_warns():
     """An interval that holds the budget: the candidate is unresolved (the chain goes on) and
     says how many items would resolve it; --accept-unresolved keeps it with a note."""
-    from quantkit.targets.build import CheckpointBuild, _judge
+    from quantkit.build.build import CheckpointBuild, _judge
 
     entry = CheckpointBuild(["t"], "w4a16", "/ckpt", "passed", "key", size_ratio=0.3)
     entry.intervals = {

@@ -70,7 +70,7 @@ def test_build_loss_is_the_drop_of_expected_answer_accuracy_in_points_and_a_gain
     tokens over the task's samples divided by their number of positions (percentage points of
     expected accuracy, so a task the original barely answers has little to lose); a quantized
     model surer of them gains (< 0)."""
-    from quantkit.targets.build import task_losses
+    from quantkit.build.build import task_losses
 
     def scored(i, task, positions, p_original, p_quantized):
         item = _sample(i, "text", task, 1.0)
@@ -92,7 +92,7 @@ def test_build_loss_is_the_drop_of_expected_answer_accuracy_in_points_and_a_gain
 def test_a_task_below_the_floor_is_still_judged_with_a_note():
     """No task is ungated: one whose held-out rows the original answers under the floor is judged
     on its loss like the others (over budget fails the candidate), with a note that says so."""
-    from quantkit.targets.build import CheckpointBuild, _judge
+    from quantkit.build.build import CheckpointBuild, _judge
     from quantkit.verify.drift import HeldOutChoice, HeldOutRow
 
     choice = HeldOutChoice(

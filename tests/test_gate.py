@@ -111,7 +111,7 @@ def test_one_pass_rule_and_default_everywhere():
     """The build, eval and the CLI take the rule and the default from quantkit.eval.gate."""
     import importlib
 
-    from quantkit.targets import DEFAULT_MAX_LOSS
+    from quantkit.build import DEFAULT_MAX_LOSS
 
     compare = importlib.import_module(
         "quantkit.eval.compare"

@@ -11,13 +11,13 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "quantkit"
 # Higher imports lower, never the other way; the same rank may import each other without a cycle.
-# cli -> targets (build), verify, eval -> zoo -> quantize -> export -> sensitivity -> precision ->
+# cli -> build, verify, eval -> zoo -> quantize -> export -> sensitivity -> precision ->
 # recipes / models / features -> calibset -> pool -> the base modules.
 RANKS = {
     "__main__": 100,
     "cli": 90,
     "zoo": 75,  # tiny models, demo pools, skills generators: below eval, which scores skills
-    "targets": 80,
+    "build": 80,
     "verify": 80,
     "eval": 80,
     "quantize": 70,

@@ -11,7 +11,7 @@ from rich.table import Table
 from quantkit.cli._common import Force, console
 from quantkit.errors import CheckFailed
 from quantkit.eval.gate import DECISION
-from quantkit.targets.build import (
+from quantkit.build.build import (
     DEFAULT_EVAL_ITEMS,
     LOSS_DEFINITION,
     below_floor_note,
@@ -22,7 +22,7 @@ from quantkit.targets.build import (
 
 def targets() -> None:
     """List the hardware targets (recipes/targets.yaml): the recipe each gets, why, and its fallbacks."""
-    from quantkit.targets import load_targets
+    from quantkit.build import load_targets
 
     table = Table(title="Hardware targets")
     table.add_column("target", no_wrap=True)
@@ -139,7 +139,7 @@ def build(
     """
     from quantkit.cli.verify import print_verify_report
     from quantkit.eval.run import split_tasks
-    from quantkit.targets import build_checkpoints
+    from quantkit.build import build_checkpoints
 
     def show(entry, verified) -> None:
         if verified is not None:

@@ -712,7 +712,7 @@ def build_checkpoints(
     """
     from quantkit.calibset import load_calibration_report
     from quantkit.models.adapters import adapter_for
-    from quantkit.targets import load_targets
+    from quantkit.build import load_targets
 
     if not target_names:
         raise InputError("no target given", hint="pass --target NAME (see `quantkit targets`)")

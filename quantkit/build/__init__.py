@@ -1,6 +1,6 @@
 """Stage 6: hardware targets (``recipes/targets.yaml``) and the build that makes one checkpoint
-per target (quantkit.targets.build): quantize, verify, and keep the smallest candidate of the
-target's chain that meets its accuracy budget (quantkit.targets.build.ORDER_RULE)."""
+per target (quantkit.build.build): quantize, verify, and keep the smallest candidate of the
+target's chain that meets its accuracy budget (quantkit.build.build.ORDER_RULE)."""
 
 from __future__ import annotations
 
@@ -187,7 +187,7 @@ def _target_name(path: Path, index: int) -> str | None:
         return None
 
 
-from quantkit.targets.build import (  # noqa: E402  (the build reads the schema above)
+from quantkit.build.build import (  # noqa: E402  (the build reads the schema above)
     BuildReport,
     CheckpointBuild,
     TargetBuild,
