@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, fiel
 
 from quantkit.datafile import load_yaml_model
 from quantkit.errors import InputError
-from quantkit.eval.gate import DEFAULT_MAX_LOSS
+from quantkit.eval.gate import DEFAULT_MAX_LOSS, LOSS_RANGE, in_loss_range
 
 TARGETS_FILE = Path(__file__).resolve().parents[2] / "recipes" / "targets.yaml"
 
@@ -40,7 +40,7 @@ class When(BaseModel):
             raise ValueError(
                 "when: give task_loss_above and/or no_calibration_data: true, or on_request: true alone"
             )
-        if isinstance(self.task_loss_above, float) and not 0 <= self.task_loss_above <= 100:
+        if isinstance(self.task_loss_above, float) and not in_loss_range(self.task_loss_above):
             raise ValueError(
                 f"when.task_loss_above {self.task_loss_above}: a loss in [0, 100] "
                 "(pts of drift loss, % of an eval task's score)"
@@ -90,8 +90,8 @@ class Target(BaseModel):
     why: str
     max_loss: StrictFloat = Field(
         DEFAULT_MAX_LOSS,
-        ge=0,
-        le=100,
+        ge=LOSS_RANGE[0],
+        le=LOSS_RANGE[1],
         description="the most a task may lose: percentage points of drift loss, percent of an eval "
         "task's score (`build --max-loss`)",
     )

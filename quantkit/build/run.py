@@ -23,6 +23,7 @@ from quantkit.build.hardware import load_targets
 from quantkit.build.heldout import GateInputs, resolve_eval_tasks
 from quantkit.build.record import BuildRecord, BuildReport, TargetBuild, TargetFailed, library_failure
 from quantkit.errors import InputError, QuantkitError
+from quantkit.eval.gate import in_loss_range
 from quantkit.fsutil import check_model_folder, check_writable, refuse_overlap
 
 
@@ -144,7 +145,7 @@ def _check_options(
     """Bad input (exit 2) said before anything is read or quantized."""
     if not target_names:
         raise InputError("no target given", hint="pass --target NAME (see `quantkit targets`)")
-    if max_loss is not None and not 0 <= max_loss <= 100:
+    if max_loss is not None and not in_loss_range(max_loss):
         raise InputError(
             f"--max-loss {max_loss}: a loss in [0, 100] (points of drift loss, percent of an --eval-tasks score)"
         )
