@@ -704,3 +704,40 @@ def test_a_budget_the_items_cannot_resolve_is_refused_before_any_quantize(tmp_pa
         and record["ci_low"] <= record["loss"] <= record["ci_high"]
     )
     assert record["verdict"] in ("passed", "failed", "unresolved") and len(record["items"]) == 16
+
+
+def test_a_build_loads_the_processor_once_and_reads_the_set_once(
+    zoo_model, omni_calib, tmp_path, monkeypatch
+):
+    """Drawing the calibration samples, choosing the held-out rows and the original's forward on
+    them share one processor load and one check of the set's hash (calibset.samples.open_set):
+    counted up to the first candidate's quantize, which is stopped there."""
+    import quantkit.calibset
+    import quantkit.quantize
+    from quantkit.models.adapters import Adapter
+
+    loads, hashes = [], []
+    load, sha256_file = Adapter.load_processor, quantkit.calibset.sha256_file
+
+    def counted_load(self, model_dir, *args, **kwargs):
+        loads.append(Path(model_dir))
+        return load(self, model_dir, *args, **kwargs)
+
+    def counted_hash(path):
+        hashes.append(Path(path))
+        return sha256_file(path)
+
+    def stopped(*args, **kwargs):
+        raise RuntimeError("stopped at the first candidate")
+
+    monkeypatch.setattr(Adapter, "load_processor", counted_load)
+    monkeypatch.setattr(quantkit.calibset, "sha256_file", counted_hash)
+    monkeypatch.setattr(quantkit.quantize, "quantize", stopped)
+    model = zoo_model("tiny-qwen2.5-omni")
+    file = _data_free_targets(tmp_path, "a")
+    report = build_checkpoints(
+        model, tmp_path / "out", ["a"], calib=omni_calib, targets_file=file, accept_unresolved=True
+    )
+    assert "stopped at the first candidate" in report.checkpoints[0].reasons[0]
+    assert loads == [model]
+    assert [p for p in hashes if p.name == quantkit.calibset.SAMPLES_FILE] == [omni_calib / "samples.jsonl"]

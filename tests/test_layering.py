@@ -35,6 +35,8 @@ BASE = 10  # errors, fsutil, datafile, media, chat, taxonomy, progress, the pack
 ALLOWED = {
     ("quantkit.calibset.tokens", "quantkit.models.inputs"): "token counts go through the one "
     "sample -> processor-inputs path, which imports base modules only (checked below)",
+    ("quantkit.calibset.samples", "quantkit.models.inputs"): "a draw for a model turns rows into "
+    "samples and asks the processor what media it takes on that same path (base modules only)",
 }
 
 

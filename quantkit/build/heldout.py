@@ -44,7 +44,7 @@ class GateInputs:
 
     model_dir: Path
     calib: Path | None
-    kinds: set[str]  # the media kinds the model's processor takes
+    opened: object  # calibset.samples.OpenSet: the set as read once for the model (None without --calib)
     calibrated_ids: set[str]  # the rows the data recipes calibrate on: never judged on
     eval_names: list[str]
     gate_items: int | None
@@ -72,10 +72,14 @@ class GateInputs:
             return
         from quantkit.verify.drift import choose_held_out_rows, held_out_rows
 
-        every = held_out_rows(self.calib, exclude_ids=set(), count=sys.maxsize, seed=0, kinds=self.kinds)
-        self.set_tasks = {row["task"] for row in every}
+        self.set_tasks = {row["task"] for row in self.opened.usable}
         rows = held_out_rows(
-            self.calib, exclude_ids=self.calibrated_ids, count=sys.maxsize, seed=0, kinds=self.kinds
+            self.calib,
+            exclude_ids=self.calibrated_ids,
+            count=sys.maxsize,  # all of them
+            seed=0,
+            kinds=self.opened.kinds,
+            rows=self.opened.usable,
         )
         # Every candidate is judged on the same rows (LOSS_DEFINITION).
         try:
@@ -85,6 +89,7 @@ class GateInputs:
                 exclude_ids=self.calibrated_ids,
                 count=len(rows),
                 per_task_items=self.gate_items or len(rows),  # every held-out row of a task
+                opened=self.opened,
             )
         except QuantkitError:
             raise

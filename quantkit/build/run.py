@@ -64,7 +64,7 @@ def build_checkpoints(
     Without ``num_samples``, a stratified share of the set (``drift_samples``, by default and at
     most a quarter of it) is held out of calibration so that the gate has samples it did not see.
     """
-    from quantkit.calibset import load_calibration_report
+    from quantkit.calibset.samples import open_set
     from quantkit.models.adapters import adapter_for
 
     model_dir, output_root = Path(model_dir), Path(output_root)
@@ -76,15 +76,15 @@ def build_checkpoints(
 
     output_root.mkdir(parents=True, exist_ok=True)
     adapter = adapter_for(model_dir)
-    calib_hash = load_calibration_report(calib)["samples_sha256"] if calib is not None else None
+    opened = open_set(model_dir, calib, adapter=adapter) if calib is not None else None  # read once
     record = BuildRecord(model_dir, output_root, calib)
-    kinds, samples = _draw(adapter, model_dir, calib, num_samples, drift_samples)
+    samples = _draw(opened, num_samples, drift_samples)
     record.report.eval_tasks = eval_names
     record.report.requested = [target.name for target in chosen]
     gate = GateInputs(
         model_dir,
         calib,
-        kinds,
+        opened,
         set(samples.info["sample_ids"]) if samples is not None else set(),
         eval_names,
         gate_items,
@@ -111,7 +111,7 @@ def build_checkpoints(
         output_root=output_root,
         adapter=adapter,
         calib=calib,
-        calib_hash=calib_hash,
+        calib_hash=opened.sha256 if opened is not None else None,
         samples=samples,
         num_samples=num_samples,
         drift_samples=drift_samples,
@@ -161,22 +161,18 @@ def _check_options(
         require_vllm_python("--vllm")
 
 
-def _draw(adapter, model_dir: Path, calib: Path | None, num_samples: int | None, drift_samples: int | None):
-    """The media kinds the model takes (its processor loaded once) and the samples the data recipes
-    calibrate on: without ``num_samples``, all but a stratified share (``drift_samples``, by default
-    and at most a quarter of the set) that the gate judges on. (set(), None) without --calib."""
-    from quantkit.models.inputs import processor_capabilities
-    from quantkit.quantize.calibration_set import samples_from_set
-
-    if calib is None:
-        return set(), None
-    kinds = processor_capabilities(adapter.load_processor(model_dir))
-    drawn = samples_from_set(calib, model_kinds=kinds, num_samples=num_samples)
-    spare = len(drawn.samples) // 4  # what the set can spare for the gate
-    held_out = min(drift_samples or spare, spare) if num_samples is None else 0
-    if held_out:  # drift needs samples calibration did not see
-        drawn = samples_from_set(calib, model_kinds=kinds, num_samples=len(drawn.samples) - held_out)
-    return kinds, drawn
+def _draw(opened, num_samples: int | None, drift_samples: int | None):
+    """The samples the data recipes calibrate on: without ``num_samples``, all but a stratified
+    share (``drift_samples``, by default and at most a quarter of the set) that the gate judges
+    on. None without --calib."""
+    if opened is None:
+        return None
+    if num_samples is not None:
+        return opened.draw(num_samples)
+    spare = len(opened.usable) // 4  # what the set can spare for the gate
+    held_out = min(drift_samples or spare, spare)
+    # drift needs samples calibration did not see
+    return opened.draw(len(opened.usable) - held_out) if held_out else opened.draw()
 
 
 def _update_cards(record: BuildRecord) -> None:

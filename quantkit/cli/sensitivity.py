@@ -112,15 +112,13 @@ def sensitivity(
         check_output_file(output, force, inputs, option="--output")
         check_writable(output, kind="file")
 
+    from quantkit.calibset.samples import draw_samples
     from quantkit.models.adapters import adapter_for
-    from quantkit.models.inputs import processor_capabilities
-    from quantkit.quantize.calibration_set import samples_from_set
     from quantkit.sensitivity import save_table
     from quantkit.sensitivity import sensitivity as measure
 
     resolved = adapter_for(model, adapter)
-    kinds = processor_capabilities(resolved.load_processor(model))
-    drawn = samples_from_set(calib, model_kinds=kinds, num_samples=num_samples, seed=seed)
+    drawn = draw_samples(model, calib, adapter=resolved, num_samples=num_samples, seed=seed)
     table = measure(
         model,
         drawn.samples,
@@ -133,6 +131,7 @@ def sensitivity(
         max_positions=positions,
         method=method.value,
         cache_dir=cache,
+        processor=drawn.processor,  # loaded once, by the draw
     )
     print_table(table, top)
     if output is not None:
