@@ -78,17 +78,25 @@ class OpenSet:
         return CalibrationSamples(samples, labels, info, dict(self.left_out), tokens, self.processor)
 
 
-def model_media_kinds(adapter, model_dir: Path) -> set[str]:
-    """The media kinds the model's processor takes; from the adapter's towers for a folder with
-    no processor files (a config-only folder for ``quantize --dry-run``)."""
-    has_processor = any(
+def _has_processor_files(model_dir: Path) -> bool:
+    return any(
         (Path(model_dir) / name).is_file()
         for name in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json")
     )
-    if has_processor:
-        return processor_capabilities(adapter.load_processor(model_dir))
+
+
+def _tower_kinds(adapter) -> set[str]:
+    """The media kinds the adapter's towers take (a folder without a processor to ask)."""
     kinds = {"image", "video"} if adapter.vision_tower else set()
     return kinds | ({"audio"} if adapter.audio_tower else set())
+
+
+def model_media_kinds(adapter, model_dir: Path) -> set[str]:
+    """The media kinds the model's processor takes; from the adapter's towers for a folder with
+    no processor files (a config-only folder for ``quantize --dry-run``)."""
+    if _has_processor_files(model_dir):
+        return processor_capabilities(adapter.load_processor(model_dir))
+    return _tower_kinds(adapter)
 
 
 def read_set(calib: Path, model_kinds: set[str], processor=None, report: dict | None = None) -> OpenSet:
@@ -113,21 +121,31 @@ def read_set(calib: Path, model_kinds: set[str], processor=None, report: dict | 
     return OpenSet(calib, report, model_kinds, usable, left_out, processor)
 
 
-def open_set(model_dir: Path, calib: Path, *, adapter) -> OpenSet:
+def open_set(model_dir: Path, calib: Path, *, adapter, config_only_ok: bool = False) -> OpenSet:
     """The set read once for the model in ``model_dir``, whose processor (``adapter``'s) is loaded
-    once and kept (``OpenSet.processor``). The set is checked before the processor is loaded."""
+    once and kept (``OpenSet.processor``). The set is checked before the processor is loaded.
+    ``config_only_ok``: a folder with no processor files (``quantize --dry-run`` of a config-only
+    folder) takes the media kinds of the adapter's towers, with no processor."""
     report = load_calibration_report(calib)
+    if config_only_ok and not _has_processor_files(model_dir):
+        return read_set(calib, _tower_kinds(adapter), None, report)
     processor = adapter.load_processor(model_dir)
     return read_set(calib, processor_capabilities(processor), processor, report)
 
 
 def draw_samples(
-    model_dir: Path, calib: Path, *, adapter, num_samples: int | None = None, seed: int = 0
+    model_dir: Path,
+    calib: Path,
+    *,
+    adapter,
+    num_samples: int | None = None,
+    seed: int = 0,
+    config_only_ok: bool = False,
 ) -> CalibrationSamples:
     """The set's samples the model can take (its processor's media kinds), optionally a
     stratified subsample of ``num_samples``; with the processor (loaded once) and the set's hash
-    (computed once): what a command needs to calibrate on a set."""
-    return open_set(model_dir, calib, adapter=adapter).draw(num_samples, seed)
+    (computed once): what a command needs to calibrate on a set (``config_only_ok``: open_set)."""
+    return open_set(model_dir, calib, adapter=adapter, config_only_ok=config_only_ok).draw(num_samples, seed)
 
 
 def samples_from_set(
