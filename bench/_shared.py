@@ -88,9 +88,8 @@ def build_samples(workdir: Path, model_dir: Path, count: int, *, max_seq_len: in
     """``count`` calibration samples the model takes, drawn (stratified) from a calibration set of
     the demo pool; written as JSON (messages, media paths, stratum labels) for child processes."""
     from quantkit.calibset import CalibrateOptions, build_calibration_set
+    from quantkit.calibset.samples import draw_samples
     from quantkit.models.adapters import adapter_for
-    from quantkit.models.inputs import processor_capabilities
-    from quantkit.quantize.calibration_set import samples_from_set
     from quantkit.zoo.demo_pool import write_demo_pool
 
     path = workdir / f"samples-{count}.json"
@@ -103,8 +102,7 @@ def build_samples(workdir: Path, model_dir: Path, count: int, *, max_seq_len: in
     if not (calib / "report.json").is_file():
         options = CalibrateOptions(size=48, model=model_dir, max_seq_len=max_seq_len, force=True)
         build_calibration_set([pool / "pool.jsonl"], calib, options)
-    kinds = processor_capabilities(adapter_for(model_dir).load_processor(model_dir))
-    drawn = samples_from_set(calib, model_kinds=kinds, num_samples=count)
+    drawn = draw_samples(model_dir, calib, adapter=adapter_for(model_dir), num_samples=count)
     rows = [
         {
             "messages": sample.messages,

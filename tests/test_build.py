@@ -12,11 +12,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from quantkit.build import build_checkpoints, load_targets
 from quantkit.calibset import CalibrateOptions, build_calibration_set
 from quantkit.cli import app
 from quantkit.errors import InputError
 from quantkit.recipes import get_recipe, list_recipes
-from quantkit.targets import build_checkpoints, load_targets
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -605,7 +605,9 @@ def test_drift_losses_read_in_points_and_eval_task_losses_in_percent():
     """The drift loss is percentage points of answer-token accuracy; an --eval-tasks loss is
     100% - recovery: each judgement, chain table and card names its own unit and the interval,
     and a budget judged against both says both."""
-    from quantkit.targets.build import CheckpointBuild, TargetBuild, _card_section, _judge, budget_text
+    from quantkit.build.card import card_section
+    from quantkit.build.judge import budget_text, judge
+    from quantkit.build.record import CheckpointBuild, TargetBuild
 
     def judged(losses: dict[str, tuple[float, float, float]], max_loss: float):
         intervals = {
@@ -616,7 +618,7 @@ def test_drift_losses_read_in_points_and_eval_task_losses_in_percent():
         scored = {k: v for k, v in intervals.items() if k.startswith("eval ")}
         entry = CheckpointBuild(["t"], "w4a16", "/ckpt", "passed", "key", size_ratio=0.3)
         entry.losses, entry.intervals = {k: v["loss"] for k, v in drift.items()}, drift
-        return _judge(entry, max_loss, scored, set(drift))
+        return judge(entry, max_loss, scored, set(drift))
 
     drift = judged({"caption": (0.094, 0.08, 0.11), "ocr": (0.01, 0.0, 0.02)}, 0.05)
     assert drift.verdict == "over budget"
@@ -627,7 +629,7 @@ def test_drift_losses_read_in_points_and_eval_task_losses_in_percent():
     assert budget_text(TargetBuild("t", 0.05, "failed", chain=[drift])) == "0.05 pts"
     assert budget_text(target) == "1.5 (pts of drift loss, % of an eval task's score)"
     kept = judged({"caption": (0.094, 0.05, 0.2)}, 0.5)
-    card = _card_section("/ckpt", [TargetBuild("k", 0.5, "passed", "/ckpt", chain=[kept])])
+    card = card_section("/ckpt", [TargetBuild("k", 0.5, "passed", "/ckpt", chain=[kept])])
     assert "(budget 0.5 pts per task)" in card and "| caption | 0.094 [0.05, 0.2] pts (n=8) |" in card
     assert (
         "budget 0.5 pts per task, 8 items per task; the worst task, caption, lost 0.094 [0.05, 0.2] pts"
@@ -638,21 +640,22 @@ def test_drift_losses_read_in_points_and_eval_task_losses_in_percent():
 def test_unresolved_counts_as_failed_unless_accepted_and_then_warns():
     """An interval that holds the budget: the candidate is unresolved (the chain goes on) and
     says how many items would resolve it; --accept-unresolved keeps it with a note."""
-    from quantkit.targets.build import CheckpointBuild, _judge
+    from quantkit.build.judge import judge
+    from quantkit.build.record import CheckpointBuild
 
     entry = CheckpointBuild(["t"], "w4a16", "/ckpt", "passed", "key", size_ratio=0.3)
     entry.intervals = {
         "ocr": {"n": 12, "loss": 1.0, "ci_low": 0.2, "ci_high": 1.8, "metric": "m", "items": "h"}
     }
-    step = _judge(entry, 1.5, {}, {"ocr"})
+    step = judge(entry, 1.5, {}, {"ocr"})
     assert step.verdict == "unresolved" and step.tasks["ocr"]["verdict"] == "unresolved"
     assert step.tasks["ocr"]["items_to_resolve"] == 31  # 12 x (0.8 / 0.5)**2
     assert "about 31 items would resolve it" in step.detail
-    accepted = _judge(entry, 1.5, {}, {"ocr"}, accept_unresolved=True)
+    accepted = judge(entry, 1.5, {}, {"ocr"}, accept_unresolved=True)
     assert accepted.verdict == "kept" and accepted.accepted_unresolved == ["ocr"]
     assert accepted.detail.startswith("kept with --accept-unresolved")
     entry.intervals["ocr"]["n"] = 3  # under MIN_ITEMS: unresolved whatever its interval
-    few = _judge(entry, 1.5, {}, {"ocr"})
+    few = judge(entry, 1.5, {}, {"ocr"})
     assert (
         few.verdict == "unresolved"
         and "ocr lost 1 [0.2, 1.8] pts (n=3), fewer items than an interval needs" in few.detail
@@ -701,3 +704,40 @@ def test_a_budget_the_items_cannot_resolve_is_refused_before_any_quantize(tmp_pa
         and record["ci_low"] <= record["loss"] <= record["ci_high"]
     )
     assert record["verdict"] in ("passed", "failed", "unresolved") and len(record["items"]) == 16
+
+
+def test_a_build_loads_the_processor_once_and_reads_the_set_once(
+    zoo_model, omni_calib, tmp_path, monkeypatch
+):
+    """Drawing the calibration samples, choosing the held-out rows and the original's forward on
+    them share one processor load and one check of the set's hash (models.samples.open_set):
+    counted up to the first candidate's quantize, which is stopped there."""
+    import quantkit.calibset
+    import quantkit.quantize
+    from quantkit.models.adapters import Adapter
+
+    loads, hashes = [], []
+    load, sha256_file = Adapter.load_processor, quantkit.calibset.sha256_file
+
+    def counted_load(self, model_dir, *args, **kwargs):
+        loads.append(Path(model_dir))
+        return load(self, model_dir, *args, **kwargs)
+
+    def counted_hash(path):
+        hashes.append(Path(path))
+        return sha256_file(path)
+
+    def stopped(*args, **kwargs):
+        raise RuntimeError("stopped at the first candidate")
+
+    monkeypatch.setattr(Adapter, "load_processor", counted_load)
+    monkeypatch.setattr(quantkit.calibset, "sha256_file", counted_hash)
+    monkeypatch.setattr(quantkit.quantize, "quantize", stopped)
+    model = zoo_model("tiny-qwen2.5-omni")
+    file = _data_free_targets(tmp_path, "a")
+    report = build_checkpoints(
+        model, tmp_path / "out", ["a"], calib=omni_calib, targets_file=file, accept_unresolved=True
+    )
+    assert "stopped at the first candidate" in report.checkpoints[0].reasons[0]
+    assert loads == [model]
+    assert [p for p in hashes if p.name == quantkit.calibset.SAMPLES_FILE] == [omni_calib / "samples.jsonl"]

@@ -15,10 +15,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from quantkit.build import build_checkpoints, load_targets
 from quantkit.calibset import CalibrateOptions, build_calibration_set
 from quantkit.cli import app
 from quantkit.eval.gate import MIN_ITEMS
-from quantkit.targets import build_checkpoints, load_targets
 
 pytestmark = pytest.mark.slow
 runner = CliRunner()
@@ -341,8 +341,8 @@ def test_a_quantized_copy_identical_to_the_original_loses_nothing(setup, tmp_pat
     original's: a copy of the original measured as the build measures its candidates."""
     import shutil
 
+    from quantkit.build.judge import task_intervals, task_kl_losses, task_losses
     from quantkit.eval.gate import verdict_record
-    from quantkit.targets.build import task_intervals, task_kl_losses, task_losses
     from quantkit.verify.drift import measure_drift
 
     copy = tmp_path / "copy"
@@ -500,8 +500,8 @@ def test_a_task_below_the_floor_is_judged_and_noted(setup, tmp_path):
 
 
 def test_the_cache_key_changes_with_the_chosen_rows(setup):
+    from quantkit.build.record import build_key
     from quantkit.recipes import get_recipe
-    from quantkit.targets.build import build_key
     from quantkit.verify.drift import HeldOutChoice, HeldOutRow
 
     recipe = get_recipe(setup["worse"].recipe)

@@ -36,7 +36,7 @@ def test_a_command_imports_its_own_module_only():
     run = entry_point("calibrate", "--help")
     assert run["code"] == 0 and "--size" in run["out"]
     assert "quantkit.cli.calibrate" in run["modules"]
-    others = {"quantkit.cli.build", "quantkit.cli.quantize", "quantkit.cli.eval", "quantkit.targets"}
+    others = {"quantkit.cli.build", "quantkit.cli.quantize", "quantkit.cli.eval", "quantkit.build"}
     assert not others & set(run["modules"])
 
 

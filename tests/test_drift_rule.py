@@ -70,7 +70,7 @@ def test_build_loss_is_the_drop_of_expected_answer_accuracy_in_points_and_a_gain
     tokens over the task's samples divided by their number of positions (percentage points of
     expected accuracy, so a task the original barely answers has little to lose); a quantized
     model surer of them gains (< 0)."""
-    from quantkit.targets.build import task_losses
+    from quantkit.build.judge import task_losses
 
     def scored(i, task, positions, p_original, p_quantized):
         item = _sample(i, "text", task, 1.0)
@@ -92,7 +92,8 @@ def test_build_loss_is_the_drop_of_expected_answer_accuracy_in_points_and_a_gain
 def test_a_task_below_the_floor_is_still_judged_with_a_note():
     """No task is ungated: one whose held-out rows the original answers under the floor is judged
     on its loss like the others (over budget fails the candidate), with a note that says so."""
-    from quantkit.targets.build import CheckpointBuild, _judge
+    from quantkit.build.judge import judge
+    from quantkit.build.record import CheckpointBuild
     from quantkit.verify.drift import HeldOutChoice, HeldOutRow
 
     choice = HeldOutChoice(
@@ -116,7 +117,7 @@ def test_a_task_below_the_floor_is_still_judged_with_a_note():
     intervals = {"ocr": interval(0.5, 0.2, 0.8), "chat": interval(3.0, 2.0, 4.0)}
     entry = CheckpointBuild(["t"], "w4a16", "ck", "passed", "k", losses={"ocr": 0.5, "chat": 3.0})
     entry.intervals = intervals
-    step = _judge(entry, 1.5, {}, {"ocr", "chat"}, {"chat": 0.04})
+    step = judge(entry, 1.5, {}, {"ocr", "chat"}, {"chat": 0.04})
     assert step.verdict == "over budget" and step.worst_task == "chat"
     assert step.tasks["chat"]["verdict"] == "failed" and step.tasks["ocr"]["verdict"] == "passed"
     assert "the original answers chat's held-out rows at 0.04: its loss can hardly show" in step.detail

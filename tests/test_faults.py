@@ -463,8 +463,8 @@ def test_damaged_samples_file_with_a_matching_hash_names_the_line(text_model, te
 
 @pytest.mark.slow
 def test_build_on_a_small_set_holds_out_samples_for_drift(text_model, text_calib, tmp_path):
+    from quantkit.build import build_checkpoints
     from quantkit.calibset import load_calibration_report
-    from quantkit.targets import build_checkpoints
 
     assert load_calibration_report(text_calib)["size"] == 64
     before = tree_hash(text_calib)

@@ -458,7 +458,7 @@ def test_unwritable_cache_names_the_cache_and_the_option(model, calib, tmp_path)
 def test_unreadable_build_file_is_kept_aside_with_a_note(tmp_path, caplog, content):
     """An earlier build.json that cannot be read is moved aside (said in a note), never
     overwritten: the build then starts a new one. (The reader itself: a CLI build runs quantize.)"""
-    from quantkit.targets.build import BUILD_FILE, _read_build_file
+    from quantkit.build.record import BUILD_FILE, _read_build_file
 
     (tmp_path / BUILD_FILE).write_bytes(content)
     (tmp_path / f"{BUILD_FILE}.unreadable-1").write_text("an earlier copy")

@@ -111,7 +111,7 @@ def test_one_pass_rule_and_default_everywhere():
     """The build, eval and the CLI take the rule and the default from quantkit.eval.gate."""
     import importlib
 
-    from quantkit.targets import DEFAULT_MAX_LOSS
+    from quantkit.build import DEFAULT_MAX_LOSS
 
     compare = importlib.import_module(
         "quantkit.eval.compare"
@@ -120,3 +120,33 @@ def test_one_pass_rule_and_default_everywhere():
     assert DEFAULT_MAX_LOSS is gate.DEFAULT_MAX_LOSS and compare.DEFAULT_MAX_LOSS is gate.DEFAULT_MAX_LOSS
     assert gate.within(1.5, 1.5) and not gate.within(1.5001, 1.5)
     assert compare.judge(1.0, 0.985, True, 1.5)[2] and not compare.judge(1.0, 0.98, True, 1.5)[2]
+
+
+@pytest.mark.parametrize("value", [gate.LOSS_RANGE[1] + 0.5, float("nan"), float("inf")])
+def test_every_budget_is_checked_against_one_range(tmp_path, value):
+    """`build --max-loss`, a target's max_loss, a fallback's task_loss_above and `eval --max-loss`
+    refuse the same values (gate.in_loss_range), and a target without max_loss has the one default."""
+    import yaml
+
+    from quantkit.build import build_checkpoints, load_targets
+    from quantkit.errors import InputError
+    from quantkit.eval.run import check_inputs
+
+    assert not gate.in_loss_range(value) and gate.in_loss_range(gate.LOSS_RANGE[1])
+    with pytest.raises(InputError, match="--max-loss"):
+        build_checkpoints(tmp_path / "model", tmp_path / "out", ["l40s"], max_loss=value)
+    with pytest.raises(InputError, match="--max-loss"):
+        check_inputs(tmp_path, [tmp_path], limit=None, backend="hf", max_loss=value, batch_size=1)
+    fallback = {"recipe": "fp8-dynamic", "when": {"task_loss_above": value}, "why": "x"}
+    target = {"name": "t", "hardware": ["gpu"], "recipe": "fp8", "why": "x"}
+    for entry, field in (
+        ({**target, "max_loss": value}, "max_loss"),
+        ({**target, "fallbacks": [fallback]}, "when"),
+    ):
+        path = tmp_path / "targets.yaml"
+        path.write_text(yaml.safe_dump({"version": 1, "targets": [entry]}))
+        with pytest.raises(InputError, match=field):
+            load_targets(path)
+    path.write_text(yaml.safe_dump({"version": 1, "targets": [target]}))
+    (loaded,) = load_targets(path).targets
+    assert loaded.budget() == gate.DEFAULT_MAX_LOSS and loaded.budget(0.5) == 0.5

@@ -498,7 +498,7 @@ def test_vllm_matcher_resolves_each_layer_to_the_scheme_class(quantized, zoo_mod
 
 
 def test_blackwell_targets_take_nvfp4_and_hopper_falls_back_to_w4a8_and_fp8_block():
-    from quantkit.targets import load_targets
+    from quantkit.build import load_targets
 
     targets = {t.name: t for t in load_targets().targets}
     for name in ("blackwell", "rtx50"):

@@ -338,8 +338,8 @@ def test_vllm_runs_every_recipe_on_the_omni_thinker(recipe_name, zoo_model, omni
     """vLLM loads each recipe's Omni checkpoint (serving layout) and generates for text, image and
     audio prompts in agreement with transformers; a scheme without a kernel on this machine is a
     skipped test with vLLM's reason, never a pass."""
+    from quantkit.models.samples import samples_from_set
     from quantkit.quantize import quantize
-    from quantkit.quantize.calibration_set import samples_from_set
     from quantkit.recipes import resolve_recipe
     from quantkit.verify.vllm_check import check_with_vllm
 

@@ -134,16 +134,17 @@ def check_set_media(path: Path, report: dict, rows: list[dict]) -> None:
                     )
 
 
-def load_calibration_set(path: Path):
+def load_calibration_set(path: Path, *, report: dict | None = None):
     """Load a calibration set folder as a ``datasets.Dataset``.
 
     Columns: id, task, tier, weight, family, modality, bucket, stratum, messages (list of
     {role, content}), images, videos, audios (absolute paths), tokens (None without --model),
-    source ("pool file:line").
+    source ("pool file:line"). ``report``: the set's load_calibration_report, when the caller
+    has checked (and hashed) it already.
     """
     import datasets
 
-    report = load_calibration_report(path)
+    report = load_calibration_report(path) if report is None else report
     samples = Path(path) / report.get("samples_file", SAMPLES_FILE)
     rows = []
     with open(samples, encoding="utf-8") as handle:

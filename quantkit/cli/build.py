@@ -8,21 +8,60 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from quantkit.build.heldout import DEFAULT_EVAL_ITEMS
+from quantkit.build.judge import below_floor_note, budget_text, step_interval
+from quantkit.build.record import LOSS_DEFINITION
 from quantkit.cli._common import Force, console
 from quantkit.errors import CheckFailed
 from quantkit.eval.gate import DECISION
-from quantkit.targets.build import (
-    DEFAULT_EVAL_ITEMS,
-    LOSS_DEFINITION,
-    below_floor_note,
-    budget_text,
-    step_interval,
-)
+
+DriftSamples = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Without --num-samples: rows of the set held out of calibration for the gate "
+        "(default and at most: a quarter of the set).",
+    ),
+]
+MaxLoss = Annotated[
+    float | None,
+    typer.Option(
+        "--max-loss",
+        help="The most any task may lose (default: each target's max_loss in targets.yaml): "
+        "percentage points of answer-token accuracy for the drift loss, percent of the original's "
+        "score (100% - recovery) for --eval-tasks. Loss: " + LOSS_DEFINITION,
+    ),
+]
+EvalTasks = Annotated[
+    str | None,
+    typer.Option(
+        "--eval-tasks",
+        help="Comma-separated skills tasks of the model's skills.json (or `skills`: all) scored "
+        "on each candidate as `quantkit eval --tasks skills` does; their loss counts too.",
+    ),
+]
+GateItems = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Items per task the gate judges on: at most this many held-out rows of the set "
+        f"(default: all of them), and this many items of each --eval-tasks task (default "
+        f"{DEFAULT_EVAL_ITEMS}).",
+    ),
+]
+AcceptUnresolved = Annotated[
+    bool,
+    typer.Option(
+        "--accept-unresolved",
+        help="Keep a candidate whose tasks are within the budget or unresolved (an interval "
+        "that holds the budget), with a warning in build.json, the summary and the card.",
+    ),
+]
 
 
 def targets() -> None:
     """List the hardware targets (recipes/targets.yaml): the recipe each gets, why, and its fallbacks."""
-    from quantkit.targets import load_targets
+    from quantkit.build import load_targets
 
     table = Table(title="Hardware targets")
     table.add_column("target", no_wrap=True)
@@ -61,48 +100,11 @@ def build(
         int | None, typer.Option(min=1, help="Stratified subsample of the set for calibration.")
     ] = None,
     vllm: Annotated[bool, typer.Option("--vllm", help="Also load and run each checkpoint in vLLM.")] = False,
-    drift_samples: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="Without --num-samples: rows of the set held out of calibration for the gate "
-            "(default and at most: a quarter of the set).",
-        ),
-    ] = None,
-    max_loss: Annotated[
-        float | None,
-        typer.Option(
-            "--max-loss",
-            help="The most any task may lose (default: each target's max_loss in targets.yaml): "
-            "percentage points of answer-token accuracy for the drift loss, percent of the original's "
-            "score (100% - recovery) for --eval-tasks. Loss: " + LOSS_DEFINITION,
-        ),
-    ] = None,
-    eval_tasks: Annotated[
-        str | None,
-        typer.Option(
-            "--eval-tasks",
-            help="Comma-separated skills tasks of the model's skills.json (or `skills`: all) scored "
-            "on each candidate as `quantkit eval --tasks skills` does; their loss counts too.",
-        ),
-    ] = None,
-    gate_items: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="Items per task the gate judges on: at most this many held-out rows of the set "
-            f"(default: all of them), and this many items of each --eval-tasks task (default "
-            f"{DEFAULT_EVAL_ITEMS}).",
-        ),
-    ] = None,
-    accept_unresolved: Annotated[
-        bool,
-        typer.Option(
-            "--accept-unresolved",
-            help="Keep a candidate whose tasks are within the budget or unresolved (an interval "
-            "that holds the budget), with a warning in build.json, the summary and the card.",
-        ),
-    ] = False,
+    drift_samples: DriftSamples = None,
+    max_loss: MaxLoss = None,
+    eval_tasks: EvalTasks = None,
+    gate_items: GateItems = None,
+    accept_unresolved: AcceptUnresolved = False,
     targets_file: Annotated[
         Path | None, typer.Option(help="Your own targets file (default: recipes/targets.yaml).")
     ] = None,
@@ -137,9 +139,9 @@ def build(
         quantkit build --target rtx4090 --model models/omni --calib calib \\
             --output-root out --max-loss 1.0 --eval-tasks caption,speaker_count
     """
+    from quantkit.build import build_checkpoints
     from quantkit.cli.verify import print_verify_report
     from quantkit.eval.run import split_tasks
-    from quantkit.targets import build_checkpoints
 
     def show(entry, verified) -> None:
         if verified is not None:
@@ -203,7 +205,16 @@ def print_build_summary(report) -> None:
         )
     console.print(table)
     targets = Table(title="Targets (accuracy gate; the kept candidate's worst task, else the last tried)")
-    headers = ("target", "budget", "status", "kept", "worst task", "loss [95% interval] (n)", "verdict", "tried")
+    headers = (
+        "target",
+        "budget",
+        "status",
+        "kept",
+        "worst task",
+        "loss [95% interval] (n)",
+        "verdict",
+        "tried",
+    )
     for header in headers:
         names = header in ("target", "kept")
         targets.add_column(header, overflow="fold" if names else "ellipsis", no_wrap=not names)

@@ -281,7 +281,7 @@ def quantize(
         )
     drawn = None
     if calib is not None and chosen.needs_data:
-        from quantkit.quantize.calibration_set import model_media_kinds, samples_from_set
+        from quantkit.models.samples import model_media_kinds, samples_from_set
 
         kinds = model_media_kinds(resolved_adapter, model)
         drawn = samples_from_set(calib, model_kinds=kinds, num_samples=num_samples, seed=seed)

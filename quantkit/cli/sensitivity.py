@@ -107,15 +107,13 @@ def sensitivity(
         check_output_file(output, force, inputs, option="--output")
         check_writable(output, kind="file")
 
+    from quantkit.models.samples import draw_samples
     from quantkit.models.adapters import adapter_for
-    from quantkit.models.inputs import processor_capabilities
     from quantkit.precision.table import save_table
-    from quantkit.quantize.calibration_set import samples_from_set
     from quantkit.sensitivity import sensitivity as measure
 
     resolved = adapter_for(model, adapter)
-    kinds = processor_capabilities(resolved.load_processor(model))
-    drawn = samples_from_set(calib, model_kinds=kinds, num_samples=num_samples, seed=seed)
+    drawn = draw_samples(model, calib, adapter=resolved, num_samples=num_samples, seed=seed)
     table = measure(
         model,
         drawn.samples,
@@ -128,6 +126,7 @@ def sensitivity(
         max_positions=positions,
         method=method.value,
         cache_dir=cache,
+        processor=drawn.processor,  # loaded once, by the draw
     )
     print_table(table, top)
     if output is not None:

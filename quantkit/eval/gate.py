@@ -36,6 +36,15 @@ DECISION = (
 )
 
 
+LOSS_RANGE = (0, 100)  # what a budget can be: points of accuracy or percent of a score
+
+
+def in_loss_range(value: float) -> bool:
+    """A budget (or a fallback's loss threshold) lies in LOSS_RANGE; NaN and infinities do not."""
+    low, high = LOSS_RANGE
+    return low <= value <= high
+
+
 def within(loss: float, budget: float) -> bool:
     """The pass rule of every loss against its budget (both in the same unit)."""
     return loss <= budget + TOLERANCE

@@ -11,7 +11,6 @@ Stages (plain functions, in this order):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,6 +20,7 @@ from pathlib import Path
 from quantkit.errors import CheckFailed, InputError, QuantkitError
 from quantkit.eval.backends import BACKENDS, HarnessRun, run_hf, run_in_environment, vllm_status
 from quantkit.eval.compare import DEFAULT_MAX_LOSS, Comparison, compare, scores_from_results
+from quantkit.eval.gate import in_loss_range
 from quantkit.eval.report import write_results
 from quantkit.eval.tasks import task_catalog
 from quantkit.fsutil import refuse_overlap, within
@@ -103,7 +103,7 @@ def check_inputs(
         raise InputError("no checkpoint folder given", hint="quantkit eval ORIGINAL CHECKPOINT... --tasks T")
     if limit is not None and limit < 1:
         raise InputError(f"--limit must be at least 1, not {limit}")
-    if not (math.isfinite(max_loss) and 0 <= max_loss <= 100):
+    if not in_loss_range(max_loss):
         raise InputError(f"--max-loss must be a percentage between 0 and 100, not {max_loss}")
     if batch_size < 1:
         raise InputError(f"--batch-size must be at least 1, not {batch_size}")

@@ -171,10 +171,12 @@ def sensitivity(
     method: str = "kl",
     draws: int = 8,
     progress: bool = True,
+    processor=None,
 ) -> SensitivityTable:
     """Rank the language model's Linear layers of ``model_dir`` by sensitivity to ``scheme``
     (round-to-nearest, group size chosen as quantize would, or ``group_size`` alone) on
-    ``samples`` (text-only samples are cut to ``max_seq_len`` tokens)."""
+    ``samples`` (text-only samples are cut to ``max_seq_len`` tokens). ``processor``: the model's,
+    when the caller loaded it already (models.samples.draw_samples)."""
     model_dir = Path(model_dir)
     adapter = adapter_for(model_dir, adapter)
     labels = sample_labels or ["all"] * len(samples)
@@ -185,7 +187,7 @@ def sensitivity(
     from quantkit.features.processor import prepare_samples
     from quantkit.models.loading import unfuse_experts
 
-    processor = adapter.load_processor(model_dir)
+    processor = adapter.load_processor(model_dir) if processor is None else processor
     prepared = prepare_samples(
         adapter, processor, model_dir, samples, labels, cache_dir, max_seq_len, progress
     )

@@ -283,12 +283,20 @@ def _media_ids(model) -> set[int]:
 
 
 def held_out_rows(
-    calib: Path, *, exclude_ids: set[str], count: int, seed: int, kinds: set[str], by: str = "stratum"
+    calib: Path,
+    *,
+    exclude_ids: set[str],
+    count: int,
+    seed: int,
+    kinds: set[str],
+    by: str = "stratum",
+    rows: list[dict] | None = None,
 ) -> list[dict]:
     """Rows of the calibration set not used to calibrate and of modalities the model takes,
     subsampled keeping the proportions of ``by`` (a row field: ``stratum``, or ``task`` for one
-    sample of every task while ``count`` allows)."""
-    dataset = load_calibration_set(calib)
+    sample of every task while ``count`` allows). ``rows``: the set's rows, when the caller has
+    read them already (models.samples.open_set)."""
+    dataset = load_calibration_set(calib) if rows is None else rows
     rows = [
         row
         for row in dataset
@@ -391,6 +399,7 @@ def choose_held_out_rows(
     seed: int = 0,
     floor: float | None = None,
     per_task_items: int | None = None,
+    opened=None,
 ) -> HeldOutChoice:
     """The held-out rows (not in ``exclude_ids``, of modalities the model takes) to judge
     candidates on: ``count`` split over the tasks as ``held_out_rows(by="task")`` splits it (one
@@ -398,13 +407,21 @@ def choose_held_out_rows(
     ``max(per_task, share)`` of its rows drawn keeping their strata, scored by the original
     (``reference``, ``original_accuracy``). ``floor``: default ACCURACY_FLOOR. ``per_task_items``:
     instead of splitting ``count``, every task's share is that many of its rows (all it has, if
-    fewer): the build's gate judges each task on all of them."""
+    fewer): the build's gate judges each task on all of them. ``opened``: the set as
+    models.samples.open_set read it for ``reference`` (its processor and rows), not read again."""
     floor = ACCURACY_FLOOR if floor is None else floor
     reference = Path(reference)
     adapter = adapter_for(reference)
-    processor = adapter.load_processor(reference)
+    processor = adapter.load_processor(reference) if opened is None else opened.processor
     kinds = processor_capabilities(processor)
-    rows = held_out_rows(calib, exclude_ids=exclude_ids, count=sys.maxsize, seed=seed, kinds=kinds)
+    rows = held_out_rows(
+        calib,
+        exclude_ids=exclude_ids,
+        count=sys.maxsize,
+        seed=seed,
+        kinds=kinds,
+        rows=None if opened is None else opened.usable,
+    )
     shares: dict[str, int] = defaultdict(int)
     if per_task_items is not None:
         for row in rows:

@@ -1,6 +1,5 @@
-"""Stage 6: hardware targets (``recipes/targets.yaml``) and the build that makes one checkpoint
-per target (quantkit.targets.build): quantize, verify, and keep the smallest candidate of the
-target's chain that meets its accuracy budget (quantkit.targets.build.ORDER_RULE)."""
+"""Hardware targets: ``recipes/targets.yaml`` (a target's hardware, its recipe, its accuracy
+budget and its chain of fallbacks), validated with the line and target an error is in."""
 
 from __future__ import annotations
 
@@ -13,12 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, fiel
 
 from quantkit.datafile import load_yaml_model
 from quantkit.errors import InputError
+from quantkit.eval.gate import DEFAULT_MAX_LOSS, LOSS_RANGE, in_loss_range
 
 TARGETS_FILE = Path(__file__).resolve().parents[2] / "recipes" / "targets.yaml"
-
-
-# The accuracy budget a target's checkpoint must meet, per task, when its file does not say.
-from quantkit.eval.gate import DEFAULT_MAX_LOSS  # noqa: E402
 
 
 class When(BaseModel):
@@ -44,7 +40,7 @@ class When(BaseModel):
             raise ValueError(
                 "when: give task_loss_above and/or no_calibration_data: true, or on_request: true alone"
             )
-        if isinstance(self.task_loss_above, float) and not 0 <= self.task_loss_above <= 100:
+        if isinstance(self.task_loss_above, float) and not in_loss_range(self.task_loss_above):
             raise ValueError(
                 f"when.task_loss_above {self.task_loss_above}: a loss in [0, 100] "
                 "(pts of drift loss, % of an eval task's score)"
@@ -94,8 +90,8 @@ class Target(BaseModel):
     why: str
     max_loss: StrictFloat = Field(
         DEFAULT_MAX_LOSS,
-        ge=0,
-        le=100,
+        ge=LOSS_RANGE[0],
+        le=LOSS_RANGE[1],
         description="the most a task may lose: percentage points of drift loss, percent of an eval "
         "task's score (`build --max-loss`)",
     )
@@ -105,6 +101,11 @@ class Target(BaseModel):
         "much (the last is the cap)",
     )
     fallbacks: list[Fallback] = []
+
+    def budget(self, max_loss: float | None = None) -> float:
+        """The most a task may lose for this target: ``max_loss`` (`build --max-loss`) when given,
+        else the target's own."""
+        return self.max_loss if max_loss is None else max_loss
 
     @model_validator(mode="after")
     def _chain_is_sound(self) -> Target:
@@ -185,28 +186,3 @@ def _target_name(path: Path, index: int) -> str | None:
         return str(entry["name"])
     except (yaml.YAMLError, KeyError, IndexError, TypeError):
         return None
-
-
-from quantkit.targets.build import (  # noqa: E402  (the build reads the schema above)
-    BuildReport,
-    CheckpointBuild,
-    TargetBuild,
-    build_checkpoints,
-    build_key,
-    model_fingerprint,
-)
-
-__all__ = [
-    "DEFAULT_MAX_LOSS",
-    "BuildReport",
-    "CheckpointBuild",
-    "Fallback",
-    "Target",
-    "TargetBuild",
-    "TargetsFile",
-    "When",
-    "build_checkpoints",
-    "build_key",
-    "load_targets",
-    "model_fingerprint",
-]
