@@ -56,28 +56,19 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from quantkit.errors import CheckFailed, InputError
+from quantkit.recipes.schemes import PROMOTED_SCHEMES, SCHEMES, scheme_spec
 
 GROUP_SIZE_CANDIDATES = (128, 64, 32)
 LOW_BITS = 4
 HIGH_BITS = 8
-# The 8-bit schemes a W4A16 recipe can promote layers to (recipe ``promoted_scheme``), and the
-# compressed-tensors format each writes: W8A16 shares W4A16's pack-quantized format; W8A8
-# (dynamic per-token int8 activations) is int-quantized, making the checkpoint mixed-precision.
-HIGH_FORMATS = {"W8A16": "pack-quantized", "W8A8": "int-quantized"}
 
 
 def high_scheme(name: str, targets: list[str]):
-    """The 8-bit QuantizationScheme, per-channel weights (no group, so no divisibility constraint):
-    W8A8 is the library preset; W8A16 is written out because compressed-tensors 0.19's preset
-    of that name is group-128 (which 576-wide layers cannot take)."""
-    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme, preset_name_to_scheme
-
-    if name == "W8A8":
-        return preset_name_to_scheme("W8A8", list(targets))
-    if name != "W8A16":
+    """The 8-bit QuantizationScheme of promoted layers (the scheme table's record: per-channel
+    weights, no group, so no divisibility constraint)."""
+    if name not in PROMOTED_SCHEMES:
         raise ValueError(f"unknown 8-bit scheme {name!r}")
-    weights = QuantizationArgs(num_bits=8, type="int", strategy="channel", symmetric=True, dynamic=False)
-    return QuantizationScheme(targets=list(targets), weights=weights)
+    return SCHEMES[name].scheme(list(targets))
 
 
 SCALE_BITS = 16  # scales are stored in the checkpoint's dtype (bf16 / fp16)
@@ -127,6 +118,12 @@ def fusion_units(names: list[str]) -> dict[str, list[str]]:
 
 
 # ---------------------------------------------------------------------- group size
+
+
+def group_size_candidates(group_size: int | None = None) -> tuple[int, ...]:
+    """The group sizes the 4-bit part chooses among: a given one (the recipe's ``group_size`` or
+    ``--group-size``) alone, else GROUP_SIZE_CANDIDATES (the largest dividing every layer wins)."""
+    return (group_size,) if group_size else GROUP_SIZE_CANDIDATES
 
 
 @dataclass
@@ -227,9 +224,9 @@ class PrecisionPlan:
         """The compressed-tensors format config.json will carry."""
         formats = set()
         if self.group_size is not None and len(self.high) < sum(len(u.layers) for u in self.units):
-            formats.add("pack-quantized")
+            formats.add(scheme_spec(self.low_scheme).format)
         if self.high:
-            formats.add(HIGH_FORMATS[self.high_scheme])
+            formats.add(SCHEMES[self.high_scheme].format)
         return formats.pop() if len(formats) == 1 else "mixed-precision"
 
     def to_dict(self) -> dict:
@@ -378,8 +375,6 @@ def plan_precision(
     written for the names below it. Raises InputError when the layers no group size divides
     already exceed the budget, before any work.
     """
-    from quantkit.recipes.modifiers import preset_name
-
     if selection not in {"density", "score"}:
         raise InputError(f"unknown selection {selection!r}: density or score")
     check_avg_bits(avg_bits)
@@ -387,7 +382,7 @@ def plan_precision(
     in_features = {name: int(m.in_features) for name, m in modules.items()}
     params = {name: int(m.in_features) * int(m.out_features) for name, m in modules.items()}
     if candidates is None:
-        candidates = (recipe.group_size,) if recipe.group_size else GROUP_SIZE_CANDIDATES
+        candidates = group_size_candidates(recipe.group_size)
     choice = choose_group_size(in_features, tuple(candidates), params)
     units = fusion_units(names)
     unit_params = {unit: sum(params[n] for n in layers) for unit, layers in units.items()}
@@ -492,7 +487,7 @@ def plan_precision(
         if u not in high_units and not recipe.symmetric and choice.group_size and any(map(is_expert, layers))
     ]
     plan = PrecisionPlan(
-        low_scheme=preset_name(recipe),
+        low_scheme=recipe.preset,
         high_scheme=recipe.promoted_scheme,
         group_size=choice.group_size,
         candidates=choice.candidates,

@@ -30,7 +30,6 @@ import torch
 from quantkit.models.adapters import Adapter
 from quantkit.models.targets import TargetPlan, decoder_layers
 from quantkit.recipes import Recipe
-from quantkit.recipes.schema import FOUR_BIT_SCHEMES
 
 GIB = 2**30
 # Resident memory of a process that imported torch, transformers and llmcompressor (measured on
@@ -46,10 +45,6 @@ LOAD_COPIES = 2  # the checkpoint's tensors held while loading casts them (see m
 
 def _dtype_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
-
-
-def _weight_bits(recipe: Recipe) -> int:
-    return 4 if recipe.scheme in FOUR_BIT_SCHEMES else 8
 
 
 def host_memory_available() -> int | None:
@@ -289,7 +284,7 @@ def checkpoint_bytes(
     for asymmetric groups), every other tensor in the saved dtype. ``kinds``: ``model`` is a
     :func:`reduced_tree` (each kept layer counts for every layer of its kind)."""
     saved_bytes = _dtype_bytes(saved)
-    bits = _weight_bits(recipe)
+    bits = recipe.spec.weight_bits
     quantized = _module_ids(model, targets.quantize)
     total = 0
     for name, module in model.named_modules():
@@ -297,7 +292,7 @@ def checkpoint_bytes(
         if id(module) in quantized:
             weight = module.in_features * module.out_features
             groups = module.out_features * (module.in_features // group_size if group_size else 1)
-            zero_points = 0.5 if recipe.scheme == "W4A16" and not recipe.symmetric else 0
+            zero_points = 0.5 if recipe.zero_points else 0
             size = weight * bits // 8 + int(groups * (2 + zero_points)) + (own - weight) * saved_bytes
         else:
             size = own * saved_bytes

@@ -61,6 +61,7 @@ from quantkit.precision.mixed import (
     PrecisionPlan,
     check_assigned,
     check_avg_bits,
+    group_size_candidates,
     order_config_groups,
     plan_precision,
 )
@@ -187,7 +188,7 @@ def with_options(recipe: Recipe, *, group_size: int | None = None) -> Recipe:
     """The recipe with command-line overrides, validated like a recipe file."""
     if group_size is None:
         return recipe
-    if recipe.scheme not in GROUP_SCHEMES:
+    if not recipe.spec.group_size_per_model:
         raise InputError(
             f"--group-size applies to 4-bit weight recipes ({', '.join(sorted(GROUP_SCHEMES))}); "
             f"recipe {recipe.name!r} is {recipe.scheme}, whose weights have one scale per output channel",
@@ -208,7 +209,7 @@ def check_group_size_fits(model: torch.nn.Module, targets: TargetPlan, recipe: R
     """A chosen group size (--group-size or the recipe's) that divides no targeted layer would
     turn a 4-bit run into an all-8-bit model: refuse it, naming sizes that fit."""
     group = recipe.group_size
-    if group is None or recipe.scheme not in GROUP_SCHEMES or not targets.quantize:
+    if group is None or not recipe.spec.group_size_per_model or not targets.quantize:
         return
     modules = dict(model.named_modules())
     widths = sorted({modules[name].in_features for name in targets.quantize if name in modules})
@@ -237,7 +238,7 @@ def check_fixed_widths_fit(
     ``unflatten`` error on SmolLM2's 576 in-features). Refuse it first, from the config alone.
     ``kinds``: ``model`` holds one decoder layer per kind; the message counts and names the full
     model's layers."""
-    if recipe.scheme in GROUP_SCHEMES:  # the group size is chosen per model (check_group_size_fits)
+    if recipe.spec.group_size_per_model:  # the group size is chosen per model (check_group_size_fits)
         return
     weights = resolved_scheme(recipe).get("weights") or {}
     block = weights.get("block_structure")
@@ -310,7 +311,7 @@ def media_folders(samples: list[Sample]) -> list[Path]:
 
 
 def check_precision_options(recipe: Recipe, avg_bits: float | None) -> None:
-    if avg_bits is not None and recipe.scheme not in GROUP_SCHEMES:
+    if avg_bits is not None and not recipe.spec.group_size_per_model:
         raise InputError(
             f"--avg-bits applies to 4-bit weight recipes ({', '.join(sorted(GROUP_SCHEMES))}), "
             f"not {recipe.name!r} ({recipe.scheme})",
@@ -338,7 +339,7 @@ def precision_plan(
     count_overhead: bool = False,
 ) -> PrecisionPlan | None:
     """Group size and 8-bit layers for a W4A16-family recipe (None for other schemes)."""
-    if recipe.scheme not in GROUP_SCHEMES:
+    if not recipe.spec.group_size_per_model:
         return None
     root = language_model_root(list(decoder_layers(model, adapter)))
     return plan_precision(
@@ -960,14 +961,14 @@ def measure_sensitivity_for(
 ):
     """The --avg-bits ranking, measured on the loaded (calibration-dtype) model with the 4-bit
     scheme and group size this run will use; the weights are restored afterwards."""
-    from quantkit.recipes.modifiers import preset_name, weight_args
+    from quantkit.recipes.modifiers import weight_args
     from quantkit.sensitivity.run import measure_loaded
 
     if not rows:
         raise InputError("--avg-bits ranks layers on calibration samples and none were usable")
     rows = sensitivity_rows(rows, [row.label for row in rows], count)
     group = precision.group_size if precision else None
-    candidates = (group,) if group else ((recipe.group_size,) if recipe.group_size else (128, 64, 32))
+    candidates = group_size_candidates(group or recipe.group_size)
     return measure_loaded(
         model,
         adapter,
@@ -975,7 +976,7 @@ def measure_sensitivity_for(
         names=targets.quantize,
         args=weight_args(recipe, group),
         candidates=candidates,
-        scheme=preset_name(recipe),
+        scheme=recipe.preset,
         granularity=SENSITIVITY_GRANULARITY,
         method=method,
         draws=SENSITIVITY_DRAWS,
