@@ -26,18 +26,22 @@ from quantkit.progress import sample_bar
 
 # Bump when processor_inputs changes what it returns for the same files.
 FEATURES_VERSION = 1
+# The files a model's tokenizer, processor and chat template are read from: what the feature
+# cache's fingerprint hashes, what a checkpoint copies from its source, what says a folder has a
+# processor at all. (config.json, generation_config.json and the weights are not among them.)
 PROCESSOR_FILES = (
-    "processor_config.json",
-    "preprocessor_config.json",
-    "video_preprocessor_config.json",
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
     "added_tokens.json",
     "vocab.json",
     "merges.txt",
+    "tokenizer.model",
     "chat_template.jinja",
     "chat_template.json",
+    "processor_config.json",
+    "preprocessor_config.json",
+    "video_preprocessor_config.json",
 )
 # Input keys that show a sample reaches a tower.
 VISION_KEYS = ("pixel_values", "pixel_values_videos")

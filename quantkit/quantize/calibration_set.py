@@ -25,12 +25,10 @@ class CalibrationSamples:
 def model_media_kinds(adapter, model_dir: Path) -> set[str]:
     """The media kinds the model's processor takes; from the adapter's towers for a folder with
     no processor files (a config-only folder for ``quantize --dry-run``)."""
+    from quantkit.features.processor import PROCESSOR_FILES
     from quantkit.models.inputs import processor_capabilities
 
-    has_processor = any(
-        (Path(model_dir) / name).is_file()
-        for name in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json")
-    )
+    has_processor = any((Path(model_dir) / name).is_file() for name in PROCESSOR_FILES)
     if has_processor:
         return processor_capabilities(adapter.load_processor(model_dir))
     kinds = {"image", "video"} if adapter.vision_tower else set()
