@@ -12,7 +12,7 @@ import yaml
 from quantkit.errors import InputError
 from quantkit.models import ADAPTERS_DIR, Adapter, adapter_for, builtin_adapters, load_adapter_file
 from quantkit.models.adapters import matches_any
-from quantkit.quantize.run import unfuse_experts_on_meta
+from quantkit.models.loading import unfuse_experts_on_meta
 from quantkit.quantize.targets import (
     check_smoothquant_mappings,
     decoder_layers,

@@ -194,11 +194,6 @@ class Recipe(BaseModel):
         return self.spec.preset(self.symmetric)
 
     @property
-    def zero_points(self) -> bool:
-        """Whether the 4-bit groups carry zero points (``symmetric: false``)."""
-        return not self.symmetric and self.spec.zero_point_preset is not None
-
-    @property
     def checkpoint_format(self) -> str:
         """The compressed-tensors ``format`` the checkpoint's quantization_config will carry."""
         return self.spec.format
