@@ -225,11 +225,11 @@ def quantize(
         quantkit quantize models/omni --recipe w4a16 --calib calib -o out/omni-w4a16
         quantkit quantize models/omni --recipe fp8-dynamic -o out/omni-fp8 --dry-run
     """
-    from quantkit.quantize import quantize as run_quantize
-
     plan_target = _check_paths(
         model, output, calib, sensitivity, adapter, cache_dir, plan_json, dry_run, force
     )
+    from quantkit.quantize import quantize as run_quantize  # torch: after the checks above
+
     chosen, resolved_adapter = _recipe_and_adapter(
         model, recipe, kv_cache, group_size, avg_bits, sensitivity, adapter, trust_remote_code, nproc, offload,
         max_cpu_memory, calib,
