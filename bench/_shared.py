@@ -88,8 +88,8 @@ def build_samples(workdir: Path, model_dir: Path, count: int, *, max_seq_len: in
     """``count`` calibration samples the model takes, drawn (stratified) from a calibration set of
     the demo pool; written as JSON (messages, media paths, stratum labels) for child processes."""
     from quantkit.calibset import CalibrateOptions, build_calibration_set
-    from quantkit.calibset.samples import draw_samples
     from quantkit.models.adapters import adapter_for
+    from quantkit.models.samples import draw_samples
     from quantkit.zoo.demo_pool import write_demo_pool
 
     path = workdir / f"samples-{count}.json"

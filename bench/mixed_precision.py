@@ -593,7 +593,7 @@ def measure_table(
     pick = torch.linspace(0, len(calib) - 1, count).round().long().unique()
     samples = [Sample([{"role": "user", "content": tokenizer.decode(calib[i])}]) for i in pick]
     # The settings quantize --avg-bits measures with when it is given no table.
-    from quantkit.quantize.run import SENSITIVITY_GRANULARITY, SENSITIVITY_MAX_SEQ_LEN
+    from quantkit.quantize.calibration import SENSITIVITY_GRANULARITY, SENSITIVITY_MAX_SEQ_LEN
 
     table = sensitivity(
         folder,

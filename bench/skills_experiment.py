@@ -191,8 +191,8 @@ def arm_samples(arm: str, pool: Path, work: Path, size: int, seed: int, model: P
     stratified set of a (size, seed) is built once per invocation (``built``) and shared by the
     recipes."""
     from quantkit.calibset import CalibrateOptions, build_calibration_set
-    from quantkit.calibset.samples import samples_from_set
     from quantkit.models.inputs import Sample
+    from quantkit.models.samples import samples_from_set
 
     if arm == "stratified":
         calib = work / f"calib-{size}-{seed}"

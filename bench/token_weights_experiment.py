@@ -155,7 +155,7 @@ def drawn_samples(model: Path, pool: Path, work: Path, size: int, seed: int, bui
     """The seed's stratified calibration set with its task labels (what the ``tier`` arm weighs
     by): every arm of a setting gets these same samples. Built once per invocation (``built``)."""
     from quantkit.calibset import CalibrateOptions, build_calibration_set
-    from quantkit.calibset.samples import samples_from_set
+    from quantkit.models.samples import samples_from_set
 
     calib = work / f"calib-{size}-{seed}"
     if (size, seed) not in built:

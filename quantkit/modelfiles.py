@@ -1,5 +1,6 @@
-"""A model folder checked before any work: complete safetensors files (headers against sizes, the
-index against the shards) and a config.json that is a JSON object of settings."""
+"""A model folder: the files its processor is read from, and checks before any work: complete
+safetensors files (headers against sizes, the index against the shards) and a config.json that is
+a JSON object of settings."""
 
 from __future__ import annotations
 
@@ -8,6 +9,24 @@ import struct
 from pathlib import Path
 
 from quantkit.errors import InputError, shorten
+
+# The files a model's tokenizer, processor and chat template are read from: what the feature
+# cache's fingerprint hashes, what a checkpoint copies from its source, what says a folder has a
+# processor at all. (config.json, generation_config.json and the weights are not among them.)
+PROCESSOR_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+    "processor_config.json",
+    "preprocessor_config.json",
+    "video_preprocessor_config.json",
+)
 
 
 def safetensors_problems(folder: Path) -> list[str]:

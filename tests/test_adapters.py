@@ -12,13 +12,13 @@ import yaml
 from quantkit.errors import InputError
 from quantkit.models import ADAPTERS_DIR, Adapter, adapter_for, builtin_adapters, load_adapter_file
 from quantkit.models.adapters import matches_any
+from quantkit.models.loading import unfuse_experts_on_meta
 from quantkit.models.targets import (
     check_smoothquant_mappings,
     decoder_layers,
     language_model_root,
     resolve_targets,
 )
-from quantkit.quantize.run import unfuse_experts_on_meta
 from quantkit.zoo.models import ZOO
 
 ZOO_NAMES = list(ZOO)

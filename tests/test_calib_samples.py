@@ -11,9 +11,9 @@ import pytest
 
 import quantkit.calibset
 from quantkit.calibset import CalibrateOptions, build_calibration_set, load_calibration_report
-from quantkit.models.samples import draw_samples, open_set, samples_from_set
 from quantkit.models.adapters import adapter_for
 from quantkit.models.inputs import processor_capabilities
+from quantkit.models.samples import draw_samples, open_set, samples_from_set
 
 
 @pytest.fixture(scope="module")

@@ -122,8 +122,8 @@ def test_captured_inputs_give_smoothquant_and_gptq_the_whole_models_statistics(z
     with it on (quantkit's default) each layer's GPTQ calibrates on its quantized predecessors'
     outputs, which whole-model forwards never see, so from layer 1 on the int8 weights differ."""
     from quantkit.features.processor import calibration_loader
+    from quantkit.quantize.calibration import _modifiers
     from quantkit.quantize.pipelines import run_oneshot
-    from quantkit.quantize.run import _modifiers
 
     name = "tiny-qwen2.5-omni"
     samples, labels = samples_for(name, media)

@@ -7,9 +7,10 @@ import pytest
 from huggingface_hub import ModelCard
 
 from quantkit.eval.report import SECTION_END, SECTION_START, update_card
-from quantkit.export.card import SERVING, base_model_id, front_matter
+from quantkit.export.card import base_model_id, front_matter
 from quantkit.quantize import quantize
 from quantkit.recipes import SCHEME_FORMATS, get_recipe
+from quantkit.recipes.schemes import SCHEMES
 
 pytestmark = pytest.mark.filterwarnings("ignore:Attempting to save a model with offloaded modules")
 
@@ -36,7 +37,7 @@ def test_exported_card_front_matter_parses_on_the_hub_schema(exported):
     assert {"compressed-tensors", "fp8_dynamic", "fp8-dynamic", "quantkit"} <= set(data["tags"])
     assert "set `base_model` above to its Hub id" in card.text
     assert card.text.lstrip().startswith(f"# {output.name}")
-    assert SERVING["FP8_DYNAMIC"] in card.text
+    assert SCHEMES["FP8_DYNAMIC"].card_serving in card.text
 
 
 def test_eval_section_keeps_the_front_matter(exported):
@@ -89,4 +90,6 @@ def test_base_model_is_the_hub_id_where_the_path_names_one(source, expected):
 
 
 def test_every_scheme_says_what_serves_it():
-    assert set(SCHEME_FORMATS) <= set(SERVING)
+    for scheme in SCHEME_FORMATS:
+        spec = SCHEMES[scheme]
+        assert spec.vllm_class and spec.vllm_class in spec.card_serving, scheme

@@ -359,7 +359,7 @@ def test_moe_experts_stay_symmetric_under_a_zero_point_recipe(zoo_model, tmp_pat
     Checked on the plan, the checkpoint, transformers' reload and vLLM's own matcher."""
     model_dir = zoo_model("tiny-qwen3-omni-moe")
     adapter = adapter_for(model_dir)
-    from quantkit.quantize.run import unfuse_experts_on_meta
+    from quantkit.models.loading import unfuse_experts_on_meta
 
     meta = adapter.meta_model(model_dir)
     unfuse_experts_on_meta(meta)

@@ -78,9 +78,9 @@ def test_unknown_token_counts_are_assumed_and_said(zoo_model, tmp_path):
 
 
 def test_an_activation_cache_larger_than_the_host_is_spilled(zoo_model, tmp_path):
+    from quantkit.models.loading import unfuse_experts_on_meta
     from quantkit.models.targets import resolve_targets
     from quantkit.quantize.plan import memory_plan
-    from quantkit.quantize.run import unfuse_experts_on_meta
 
     bare = config_only(zoo_model, "tiny-qwen3-vl", tmp_path)
     adapter = adapter_for(bare)
@@ -89,6 +89,7 @@ def test_an_activation_cache_larger_than_the_host_is_spilled(zoo_model, tmp_path
     targets = resolve_targets(model, adapter)
     tokens = [20_000] * 50
     common = dict(calibration_dtype=torch.bfloat16, saved_dtype=torch.bfloat16, device="cuda")
+    common["checkpoint"] = 0  # what is spilled does not depend on it
     roomy = memory_plan(model, adapter, get_recipe("w4a16"), targets, tokens, available=1024 * GIB, **common)
     tight = memory_plan(model, adapter, get_recipe("w4a16"), targets, tokens, available=8 * GIB, **common)
     assert not roomy.spill and roomy.fits and "spilled_activations" not in roomy.disk
@@ -187,10 +188,9 @@ def test_a_spilled_run_writes_the_same_checkpoint_and_records_plan_and_peaks(zoo
 def test_the_meta_tree_gives_the_plan_of_the_loaded_model_moe_included(zoo_model):
     """The dry run's module tree (meta device, experts unfused without init) is the tree a real run
     quantizes (weights loaded, experts unfused by llmcompressor): same shapes, same memory plan."""
-    from quantkit.models.loading import unfuse_experts
+    from quantkit.models.loading import unfuse_experts, unfuse_experts_on_meta
     from quantkit.models.targets import resolve_targets
-    from quantkit.quantize.plan import memory_plan
-    from quantkit.quantize.run import unfuse_experts_on_meta
+    from quantkit.quantize.plan import checkpoint_size_estimate, memory_plan
 
     folder = zoo_model("tiny-qwen3-omni-moe")
     adapter = adapter_for(folder)
@@ -211,6 +211,9 @@ def test_the_meta_tree_gives_the_plan_of_the_loaded_model_moe_included(zoo_model
             saved_dtype=torch.bfloat16,
             device="cuda",
             available=0,
+            checkpoint=checkpoint_size_estimate(
+                m, resolve_targets(m, adapter), get_recipe("w4a16"), None, torch.bfloat16, folder
+            ),
         ).to_dict()
         for m in (meta, loaded)
     ]
@@ -224,8 +227,8 @@ def test_a_config_mixing_dense_and_sparse_layers_plans_each_kind_as_the_loaded_m
 
     from quantkit.models.loading import unfuse_experts
     from quantkit.models.targets import resolve_targets
-    from quantkit.quantize.plan import memory_plan, reduced_tree
-    from quantkit.quantize.run import checkpoint_size_estimate, precision_plan
+    from quantkit.quantize.plan import checkpoint_size_estimate, memory_plan, reduced_tree
+    from quantkit.quantize.preflight import precision_plan
 
     base = zoo_model("tiny-qwen3-omni-moe")
     config = transformers.AutoConfig.from_pretrained(base)
@@ -254,14 +257,13 @@ def test_a_config_mixing_dense_and_sparse_layers_plans_each_kind_as_the_loaded_m
         tokens,
         saved_dtype=torch.bfloat16,
         available=0,
-        group_size=precision.group_size,
+        checkpoint=checkpoint_size_estimate(loaded, targets, recipe, precision, torch.bfloat16, folder),
         **common,
     )
     assert dry.memory == full.to_dict()
     assert dry.counts == targets.counts() and dry.precision == precision.to_dict()
-    assert dry.checkpoint_bytes == checkpoint_size_estimate(
-        loaded, targets, recipe, precision, torch.bfloat16, folder
-    )
+    # One estimate of the checkpoint's size: what the dry run prints twice is one figure.
+    assert dry.checkpoint_bytes == full.disk["checkpoint"] == dry.memory["disk"]["checkpoint"]
     dense = [name for name in targets.quantize if ".layers.1.mlp." in name]
     assert dense and all(".experts." not in name for name in dense)
     assert dry.memory["layer_solves"] == len(targets.quantize)
@@ -461,9 +463,9 @@ def test_the_precision_guard_matches_config_groups_as_compressed_tensors_does(zo
     the class name "Linear"."""
     from compressed_tensors.utils.match import match_name
 
+    from quantkit.models.loading import unfuse_experts_on_meta
     from quantkit.models.targets import resolve_targets
     from quantkit.precision.mixed import scheme_matcher
-    from quantkit.quantize.run import unfuse_experts_on_meta
 
     folder = zoo_model("tiny-qwen3-omni-moe")
     result = plan(folder, get_recipe("w4a16"), [], host_memory=0)

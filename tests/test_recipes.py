@@ -169,3 +169,41 @@ def test_resolved_scheme_reports_what_the_library_will_do():
     assert w8["smoothquant"] == {"strength": 0.8}
     fp8 = resolved_scheme(get_recipe("fp8"))
     assert fp8["input_activations"]["dynamic"] is False and fp8["weights"]["strategy"] == "tensor"
+
+
+def test_scheme_table_states_the_library_presets_facts_as_the_library_has_them():
+    """The scheme table's own copies of preset facts (read while a recipe is validated, before
+    compressed-tensors is imported) agree with compressed-tensors' presets."""
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    from quantkit.recipes.schemes import SCHEMES, SHIPPED_PRESETS, preset_scheme
+
+    for name, spec in SCHEMES.items():
+        scheme = spec.scheme(["Linear"])
+        assert scheme.weights.num_bits == spec.weight_bits, name
+        inputs = scheme.input_activations
+        assert (inputs is not None) == (spec.activations is not None), name
+        if inputs is not None:
+            assert (inputs.dynamic is True) == (spec.activations == "dynamic"), name
+        if spec.per_channel_weights:  # written out: the library's preset of this name is group-wise
+            assert (
+                scheme.weights.strategy == "channel"
+                and preset_name_to_scheme(name, ["Linear"]).weights.group_size
+            )
+        else:
+            library = preset_name_to_scheme(name, ["Linear"])
+            assert scheme.model_dump(exclude={"format"}) == library.model_dump(exclude={"format"}), name
+        if spec.zero_point_preset:
+            asymmetric = spec.scheme(["Linear"], symmetric=False).weights
+            assert not asymmetric.symmetric and asymmetric.num_bits == spec.weight_bits, name
+        assert all(SCHEMES[p].weight_bits > spec.weight_bits for p in spec.promotes_to), name
+    for preset in SHIPPED_PRESETS:
+        assert preset_scheme(preset, ["Linear"]).weights is not None
+
+
+def test_pinned_format_is_on_the_scheme_the_modifier_gets():
+    """W4AFP8: compressed-tensors would infer int-quantized; the table pins pack-quantized."""
+    recipe = get_recipe("w4a8-fp8")
+    assert recipe.spec.pin_format
+    (group,) = build_modifiers(recipe, targets=["Linear"], ignore=["lm_head"])[-1].config_groups.values()
+    assert group.format == recipe.checkpoint_format == "pack-quantized"

@@ -15,11 +15,10 @@ import torch
 from test_mixed_precision import vllm_answer
 from test_verify import served_or_skip
 
-from quantkit.export.card import SERVING
 from quantkit.models import adapter_for, builtin_adapters
 from quantkit.recipes import SCHEME_FORMATS, get_recipe, list_recipes
 from quantkit.recipes.modifiers import build_modifiers, preset_name, resolved_scheme
-from quantkit.recipes.schema import PINNED_FORMATS
+from quantkit.recipes.schemes import SCHEMES
 from quantkit.verify import audit_checkpoint
 from quantkit.verify.vllm_check import shipped_schemes, vllm_python
 from quantkit.zoo.models import ZOO
@@ -107,9 +106,9 @@ def test_new_recipes_are_the_library_presets(name):
     awq = [m.as_library_mapping() for m in QWEN3.awq_mappings]
     *_, modifier = build_modifiers(recipe, targets=targets, ignore=["lm_head"], awq_mappings=awq)
     library = preset_name_to_scheme(preset_name(recipe), targets)  # W4A16 with zero points: W4A16_ASYM
-    if scheme in PINNED_FORMATS:  # the preset itself, with the format vLLM loads pinned on it
+    if SCHEMES[scheme].pin_format:  # the preset itself, with the format vLLM loads pinned on it
         (group,) = modifier.config_groups.values()
-        assert group.format == PINNED_FORMATS[scheme] == NEW_RECIPES[name][2]
+        assert group.format == SCHEMES[scheme].format == NEW_RECIPES[name][2]
         assert group.model_dump(exclude={"format"}) == library.model_dump(exclude={"format"})
     else:
         assert modifier.scheme == preset_name(recipe)
@@ -118,7 +117,7 @@ def test_new_recipes_are_the_library_presets(name):
     assert resolved["preset"] == scheme and resolved["format"] == NEW_RECIPES[name][2]
     assert resolved["weights"] == preset["weights"]
     assert resolved.get("input_activations") == preset.get("input_activations")
-    assert scheme in SERVING
+    assert SCHEMES[scheme].card_serving
 
 
 def test_fp8_block_has_128x128_weight_blocks_and_nvfp4_a16_leaves_activations_alone():
@@ -348,7 +347,8 @@ def test_new_recipe_on_every_zoo_model(quantized, reference, zoo_model, media, n
     assert ours <= factor * rtn, f"{why}: {ours:.5f} vs {factor} x {rtn:.5f}; {errors} / {rtn_errors}"
     if two_sided:
         assert ours >= rtn / factor, f"{why}: {ours:.5f} vs {rtn:.5f} / {factor}; {errors} / {rtn_errors}"
-    assert scheme in SERVING and SERVING[scheme] in (output / "README.md").read_text()
+    serving = SCHEMES[scheme].card_serving
+    assert serving and serving in (output / "README.md").read_text()
 
 
 @pytest.mark.slow
@@ -365,12 +365,13 @@ def test_vllm_serves_the_new_recipe_or_names_the_missing_kernel(quantized, recip
 # vLLM's config matcher on each checkpoint, as on the GPU the recipe is for: the compressed-tensors
 # scheme class vLLM builds for a layer, and the compute capability (major, minor) it is asked on
 # (the matcher gates W4AFP8 on exactly SM90; the CPU backend has no capability).
-SCHEME_CLASSES = {
-    "FP8_BLOCK": ((9, 0), "CompressedTensorsW8A8Fp8"),
-    "NVFP4A16": ((8, 0), "CompressedTensorsW4A4Fp4(use_a16=True)"),
-    "NVFP4": ((10, 0), "CompressedTensorsW4A4Fp4"),
-    "W4AFP8": ((9, 0), "CompressedTensorsW4A8Fp8"),
-    "W4A16": ((8, 0), "CompressedTensorsWNA16"),
+# The class expected is the scheme table's (what the model card names).
+SCHEME_CAPABILITIES = {
+    "FP8_BLOCK": (9, 0),
+    "NVFP4A16": (8, 0),
+    "NVFP4": (10, 0),
+    "W4AFP8": (9, 0),
+    "W4A16": (8, 0),
 }
 VLLM_MATCHER = r"""
 import enum, inspect, json, sys
@@ -444,7 +445,7 @@ def expected_kernel_args(recipe_name: str, result, module: str) -> dict:
     group_size = result.precision.group_sizes([module])[module] if result.precision else None
     scheme = resolved_scheme(recipe, group_size=group_size)
     weights, inputs = scheme["weights"], scheme.get("input_activations")
-    label = SCHEME_CLASSES[recipe.scheme][1]
+    label = SCHEMES[recipe.scheme].vllm_class
     if label.startswith("CompressedTensorsW4A4Fp4"):  # NVFP4: its groups of 16 are the class's own
         return {"use_a16": inputs is None}
     if label == "CompressedTensorsW8A8Fp8":
@@ -473,7 +474,8 @@ def test_vllm_matcher_resolves_each_layer_to_the_scheme_class(quantized, zoo_mod
     built with the arguments that decide its kernel as the recipe's preset has them (bits,
     strategy, group size or blocks, zero points, static or dynamic inputs, weight-only FP4);
     every kept Linear (towers, head: the names the checkpoint's ignore list holds) to none."""
-    capability, expected = SCHEME_CLASSES[NEW_RECIPES[recipe_name][0]]
+    scheme = NEW_RECIPES[recipe_name][0]
+    capability, expected = SCHEME_CAPABILITIES[scheme], SCHEMES[scheme].vllm_class
     jobs, checks = [], []
     for name in ZOO:
         result = quantized(name, recipe_name)

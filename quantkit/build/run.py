@@ -65,8 +65,8 @@ def build_checkpoints(
     Without ``num_samples``, a stratified share of the set (``drift_samples``, by default and at
     most a quarter of it) is held out of calibration so that the gate has samples it did not see.
     """
-    from quantkit.models.samples import open_set
     from quantkit.models.adapters import adapter_for
+    from quantkit.models.samples import open_set
 
     model_dir, output_root = Path(model_dir), Path(output_root)
     _check_options(model_dir, output_root, target_names, calib, max_loss, gate_items, drift_samples, vllm)

@@ -35,6 +35,104 @@ class Offload(StrEnum):
     disk = "disk"
 
 
+# The command's options (shared Annotated types: the signature reads as the option list).
+ModelFolder = Annotated[
+    Path, typer.Argument(help="Model folder (config.json, safetensors, processor).", show_default=False)
+]
+RecipeName = Annotated[str, typer.Option(help="Recipe name (see `quantkit recipes`) or a recipe YAML file.")]
+CalibSet = Annotated[
+    Path | None,
+    typer.Option(help="Calibration-set folder from `quantkit calibrate` (recipes that need data)."),
+]
+NumSamples = Annotated[
+    int | None,
+    typer.Option(
+        min=1, help="Use a stratified subsample of this many samples (keeps the set's proportions)."
+    ),
+]
+MaxSeqLen = Annotated[
+    int | None, typer.Option(min=1, help="Truncate text-only samples / drop longer media samples.")
+]
+KvCacheOption = Annotated[KvCache | None, typer.Option(help="Also quantize the KV cache (fp8).")]
+AvgBits = Annotated[
+    float | None,
+    typer.Option(
+        help="W4A16 recipes: keep the most sensitive layers at 8 bits (W8A16) while the average "
+        "weight bits stay at or under this (e.g. 4.5). Ranked by --sensitivity, or measured on "
+        "8 calibration samples first (a second-order estimate, seconds on small models).",
+        min=4.0,
+        max=8.0,
+    ),
+]
+SensitivityFile = Annotated[
+    Path | None,
+    typer.Option(help="Ranking from `quantkit sensitivity -o FILE` for --avg-bits (skips measuring)."),
+]
+GroupSize = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="W4A16 recipes: weights per scale (default: the recipe's, else the largest of 128, 64, "
+        "32 dividing every layer; layers it does not divide stay at 8 bits).",
+    ),
+]
+TrustRemoteCode = Annotated[
+    bool,
+    typer.Option("--trust-remote-code", help="Allow the model folder's own Python code (off by default)."),
+]
+Nproc = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        help="Calibrate data-parallel on this many ranks (relaunches under torch.distributed.run; one "
+        "GPU per rank, or CPU processes with gloo). Each rank takes a stratified shard of the samples; "
+        "GPTQ statistics are summed across ranks; rank 0 writes.",
+    ),
+]
+OffloadOption = Annotated[
+    Offload | None,
+    typer.Option(
+        help="Load the model through compressed-tensors offloading for models larger than device "
+        "memory: cpu (weights in host memory, shared by all ranks) or disk (what does not fit in host "
+        "memory goes to files beside --output).",
+    ),
+]
+MaxCpuMemory = Annotated[
+    float | None,
+    typer.Option(
+        help="With --offload disk: GiB of host memory for weights (default: what is free, less 5 GB).",
+        min=0.0,
+    ),
+]
+CalibrationDtypeOption = Annotated[
+    CalibrationDtype,
+    typer.Option(
+        help="Dtype the model is calibrated in. auto: bfloat16 with a CUDA GPU (half the memory), "
+        "float32 on CPUs (4x faster matmuls there). Weights are saved in the model's own dtype either way.",
+    ),
+]
+DryRun = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="Print the plan (targets, precision, memory per GPU / host / disk) without loading "
+        "weights (config.json suffices) and write it as JSON (--plan-json).",
+    ),
+]
+PlanJson = Annotated[
+    Path | None,
+    typer.Option(
+        help="With --dry-run: where the plan's JSON goes (default: OUTPUT.plan.json beside --output)."
+    ),
+]
+AllowKnownFailure = Annotated[
+    bool,
+    typer.Option(
+        "--allow-known-failure", help="Quantize even where a library is known not to reload the result."
+    ),
+]
+
+
 def default_cache_dir() -> Path:
     from quantkit.fsutil import cache_root
 
@@ -91,107 +189,27 @@ def _dry_run_collector_paused(command):
 
 @_dry_run_collector_paused
 def quantize(
-    model: Annotated[
-        Path, typer.Argument(help="Model folder (config.json, safetensors, processor).", show_default=False)
-    ],
-    recipe: Annotated[str, typer.Option(help="Recipe name (see `quantkit recipes`) or a recipe YAML file.")],
+    model: ModelFolder,
+    recipe: RecipeName,
     output: OutputDir,
-    calib: Annotated[
-        Path | None,
-        typer.Option(help="Calibration-set folder from `quantkit calibrate` (recipes that need data)."),
-    ] = None,
-    num_samples: Annotated[
-        int | None,
-        typer.Option(
-            min=1, help="Use a stratified subsample of this many samples (keeps the set's proportions)."
-        ),
-    ] = None,
-    max_seq_len: Annotated[
-        int | None, typer.Option(min=1, help="Truncate text-only samples / drop longer media samples.")
-    ] = None,
-    kv_cache: Annotated[KvCache | None, typer.Option(help="Also quantize the KV cache (fp8).")] = None,
-    avg_bits: Annotated[
-        float | None,
-        typer.Option(
-            help="W4A16 recipes: keep the most sensitive layers at 8 bits (W8A16) while the average "
-            "weight bits stay at or under this (e.g. 4.5). Ranked by --sensitivity, or measured on "
-            "8 calibration samples first (a second-order estimate, seconds on small models).",
-            min=4.0,
-            max=8.0,
-        ),
-    ] = None,
-    sensitivity: Annotated[
-        Path | None,
-        typer.Option(help="Ranking from `quantkit sensitivity -o FILE` for --avg-bits (skips measuring)."),
-    ] = None,
-    group_size: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="W4A16 recipes: weights per scale (default: the recipe's, else the largest of 128, 64, "
-            "32 dividing every layer; layers it does not divide stay at 8 bits).",
-        ),
-    ] = None,
+    calib: CalibSet = None,
+    num_samples: NumSamples = None,
+    max_seq_len: MaxSeqLen = None,
+    kv_cache: KvCacheOption = None,
+    avg_bits: AvgBits = None,
+    sensitivity: SensitivityFile = None,
+    group_size: GroupSize = None,
     adapter: AdapterFile = None,
-    trust_remote_code: Annotated[
-        bool,
-        typer.Option(
-            "--trust-remote-code", help="Allow the model folder's own Python code (off by default)."
-        ),
-    ] = False,
+    trust_remote_code: TrustRemoteCode = False,
     cache_dir: FeatureCache = None,
     seed: SubsampleSeed = 0,
-    nproc: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            help="Calibrate data-parallel on this many ranks (relaunches under torch.distributed.run; one "
-            "GPU per rank, or CPU processes with gloo). Each rank takes a stratified shard of the samples; "
-            "GPTQ statistics are summed across ranks; rank 0 writes.",
-        ),
-    ] = 1,
-    offload: Annotated[
-        Offload | None,
-        typer.Option(
-            help="Load the model through compressed-tensors offloading for models larger than device "
-            "memory: cpu (weights in host memory, shared by all ranks) or disk (what does not fit in host "
-            "memory goes to files beside --output).",
-        ),
-    ] = None,
-    max_cpu_memory: Annotated[
-        float | None,
-        typer.Option(
-            help="With --offload disk: GiB of host memory for weights (default: what is free, less 5 GB).",
-            min=0.0,
-        ),
-    ] = None,
-    calibration_dtype: Annotated[
-        CalibrationDtype,
-        typer.Option(
-            help="Dtype the model is calibrated in. auto: bfloat16 with a CUDA GPU (half the memory), "
-            "float32 on CPUs (4x faster matmuls there). Weights are saved in the model's own dtype either way.",
-        ),
-    ] = CalibrationDtype.auto,
-    dry_run: Annotated[
-        bool,
-        typer.Option(
-            "--dry-run",
-            help="Print the plan (targets, precision, memory per GPU / host / disk) without loading "
-            "weights (config.json suffices) and write it as JSON (--plan-json).",
-        ),
-    ] = False,
-    plan_json: Annotated[
-        Path | None,
-        typer.Option(
-            help="With --dry-run: where the plan's JSON goes (default: OUTPUT.plan.json beside --output)."
-        ),
-    ] = None,
-    allow_known_failure: Annotated[
-        bool,
-        typer.Option(
-            "--allow-known-failure", help="Quantize even where a library is known not to reload the result."
-        ),
-    ] = False,
+    nproc: Nproc = 1,
+    offload: OffloadOption = None,
+    max_cpu_memory: MaxCpuMemory = None,
+    calibration_dtype: CalibrationDtypeOption = CalibrationDtype.auto,
+    dry_run: DryRun = False,
+    plan_json: PlanJson = None,
+    allow_known_failure: AllowKnownFailure = False,
     force: Force = False,
 ) -> None:
     """Quantize the language model only (vision / audio towers, projectors, mergers and lm_head stay
@@ -207,6 +225,57 @@ def quantize(
         quantkit quantize models/omni --recipe w4a16 --calib calib -o out/omni-w4a16
         quantkit quantize models/omni --recipe fp8-dynamic -o out/omni-fp8 --dry-run
     """
+    plan_target = _check_paths(
+        model, output, calib, sensitivity, adapter, cache_dir, plan_json, dry_run, force
+    )
+    from quantkit.quantize import quantize as run_quantize  # torch: after the checks above
+
+    chosen, resolved_adapter = _recipe_and_adapter(
+        model, recipe, kv_cache, group_size, avg_bits, sensitivity, adapter, trust_remote_code, nproc, offload,
+        max_cpu_memory, calib,
+    )  # fmt: skip
+    drawn = None
+    if calib is not None and chosen.needs_data:
+        from quantkit.models.samples import draw_samples
+
+        drawn = draw_samples(
+            model, calib, adapter=resolved_adapter, num_samples=num_samples, seed=seed, config_only_ok=True
+        )
+    samples = drawn.samples if drawn else []
+    labels = drawn.labels if drawn else None
+    if nproc > 1 and not _launched_by_torchrun() and not dry_run:
+        _relaunch(
+            nproc, len(samples), model=model, recipe=recipe, output=output, calib=calib, num_samples=num_samples,
+            max_seq_len=max_seq_len, kv_cache=kv_cache, avg_bits=avg_bits, sensitivity=sensitivity,
+            group_size=group_size, adapter=adapter, trust_remote_code=trust_remote_code, cache_dir=cache_dir,
+            seed=seed, calibration_dtype=calibration_dtype, offload=offload, max_cpu_memory=max_cpu_memory,
+            allow_known_failure=allow_known_failure, force=force,
+        )  # fmt: skip
+    main_rank = os.environ.get("RANK", "0") == "0"
+    offload_value = offload.value if offload else None
+    cpu_bytes = int(max_cpu_memory * 2**30) if max_cpu_memory is not None else None
+    if dry_run:
+        _dry_run(
+            model, chosen, samples, labels, drawn, plan_target, adapter=resolved_adapter, avg_bits=avg_bits,
+            sensitivity=sensitivity, calibration_dtype=_calibration_dtype(calibration_dtype),
+            offload=offload_value, max_cpu_memory=cpu_bytes,
+        )  # fmt: skip
+        return
+    result = run_quantize(
+        model, output, chosen, samples, sample_labels=labels, calib_info=drawn.info if drawn else None,
+        adapter=resolved_adapter, force=force, allow_known_failure=allow_known_failure,
+        cache_dir=cache_dir or default_cache_dir(), max_seq_len=max_seq_len, avg_bits=avg_bits,
+        sensitivity=sensitivity, offload=offload_value, calibration_dtype=_calibration_dtype(calibration_dtype),
+        max_cpu_memory=cpu_bytes, progress=main_rank, processor=drawn.processor if drawn else None,
+    )  # fmt: skip
+    if result.wrote:
+        print_result(result)
+
+
+def _check_paths(model, output, calib, sensitivity, adapter, cache_dir, plan_json, dry_run, force) -> Path:
+    """Before importing torch or reading anything heavy (processor, set, weights): the model
+    folder and its files, an output that would overwrite an input, one that cannot be written.
+    Returns where a dry run's plan goes."""
     from quantkit.errors import InputError
     from quantkit.fsutil import (
         check_cache_writable,
@@ -217,8 +286,6 @@ def quantize(
     )
     from quantkit.modelfiles import check_model_folder
 
-    # Before importing torch or reading anything heavy (processor, set, weights): the model
-    # folder and its files, an output that would overwrite an input, one that cannot be written.
     check_model_folder(model)
     inputs = {
         "model folder": model,
@@ -248,12 +315,18 @@ def quantize(
         check_output_free(output, force)
         if calib is not None:  # (the cache holds calibration samples' processed inputs)
             check_cache_writable(cache_dir or default_cache_dir())
+    return plan_target
 
+
+def _recipe_and_adapter(
+    model, recipe, kv_cache, group_size, avg_bits, sensitivity, adapter, trust_remote_code, nproc, offload,
+    max_cpu_memory, calib,
+):  # fmt: skip
+    """The recipe with the command line's overrides, and the model's adapter; options that do not
+    go together are refused."""
+    from quantkit.errors import InputError
     from quantkit.models.adapters import adapter_for
-    from quantkit.quantize import plan as make_plan
-    from quantkit.quantize import quantize as run_quantize
-    from quantkit.quantize.distributed import launched_by_torchrun, relaunch_command
-    from quantkit.quantize.run import with_options
+    from quantkit.quantize.preflight import with_options
     from quantkit.recipes import resolve_recipe
 
     chosen = resolve_recipe(recipe, kv_cache_fp8=True if kv_cache is KvCache.fp8 else None)
@@ -279,90 +352,48 @@ def quantize(
             f"recipe {chosen.name!r} calibrates on data: pass --calib SET (made with `quantkit calibrate`)",
             hint="or choose a data-free recipe such as fp8-dynamic",
         )
-    drawn = None
-    if calib is not None and chosen.needs_data:
-        from quantkit.models.samples import model_media_kinds, samples_from_set
+    return chosen, resolved_adapter
 
-        kinds = model_media_kinds(resolved_adapter, model)
-        drawn = samples_from_set(calib, model_kinds=kinds, num_samples=num_samples, seed=seed)
-    samples = drawn.samples if drawn else []
-    labels = drawn.labels if drawn else None
-    if nproc > 1 and not launched_by_torchrun() and not dry_run:
-        if len(samples) < nproc:
-            raise InputError(
-                f"{len(samples)} calibration sample(s) for --nproc {nproc}: every rank needs one"
-            )
-        argv = _relaunch_argv(
-            model=model,
-            recipe=recipe,
-            output=output,
-            calib=calib,
-            num_samples=num_samples,
-            max_seq_len=max_seq_len,
-            kv_cache=kv_cache,
-            avg_bits=avg_bits,
-            sensitivity=sensitivity,
-            group_size=group_size,
-            adapter=adapter,
-            trust_remote_code=trust_remote_code,
-            cache_dir=cache_dir,
-            seed=seed,
-            calibration_dtype=calibration_dtype,
-            offload=offload,
-            max_cpu_memory=max_cpu_memory,
-            allow_known_failure=allow_known_failure,
-            force=force,
-        )
-        console.print(f"starting {nproc} ranks: torch.distributed.run --nproc-per-node={nproc}")
-        console.file.flush()  # before the ranks write to the same stream
-        # torchrun's own log and the ranks' library output go where ours does (quantkit.log,
-        # unless verbose); rank 0's tables and progress still reach the terminal
-        code = subprocess.call(relaunch_command(nproc, argv), stdout=terminal.child_stdout())
-        raise typer.Exit(code if code in (0, 1, 2) else 1)
-    main_rank = os.environ.get("RANK", "0") == "0"
 
-    if dry_run:
-        from quantkit.quantize.plan import write_plan_json
+def _launched_by_torchrun() -> bool:
+    from quantkit.quantize.distributed import launched_by_torchrun
 
-        planned = make_plan(
-            model,
-            chosen,
-            samples,
-            sample_labels=labels,
-            adapter=resolved_adapter,
-            avg_bits=avg_bits,
-            sensitivity=sensitivity,
-            sample_tokens=drawn.tokens if drawn else None,
-            calibration_dtype=_calibration_dtype(calibration_dtype),
-            offload=offload.value if offload else None,
-            max_cpu_memory=int(max_cpu_memory * 2**30) if max_cpu_memory is not None else None,
-            light_imports=True,
-        ).to_dict()
-        print_plan(planned, drawn)
-        write_plan_json(plan_target, planned)
-        console.print(f"wrote {plan_target}")
-        return
-    result = run_quantize(
+    return launched_by_torchrun()
+
+
+def _relaunch(nproc: int, samples: int, **options) -> None:
+    """Run the command on ``nproc`` ranks under torch.distributed.run; exits with their status."""
+    from quantkit.errors import InputError
+    from quantkit.quantize.distributed import relaunch_command
+
+    if samples < nproc:
+        raise InputError(f"{samples} calibration sample(s) for --nproc {nproc}: every rank needs one")
+    argv = _relaunch_argv(**options)
+    console.print(f"starting {nproc} ranks: torch.distributed.run --nproc-per-node={nproc}")
+    console.file.flush()  # before the ranks write to the same stream
+    # torchrun's own log and the ranks' library output go where ours does (quantkit.log,
+    # unless verbose); rank 0's tables and progress still reach the terminal
+    code = subprocess.call(relaunch_command(nproc, argv), stdout=terminal.child_stdout())
+    raise typer.Exit(code if code in (0, 1, 2) else 1)
+
+
+def _dry_run(model, chosen, samples, labels, drawn, plan_target: Path, **options) -> None:
+    """Print the plan and write it as JSON."""
+    from quantkit.quantize import plan as make_plan
+    from quantkit.quantize.plan import write_plan_json
+
+    planned = make_plan(
         model,
-        output,
         chosen,
         samples,
         sample_labels=labels,
-        calib_info=drawn.info if drawn else None,
-        adapter=resolved_adapter,
-        force=force,
-        allow_known_failure=allow_known_failure,
-        cache_dir=cache_dir or default_cache_dir(),
-        max_seq_len=max_seq_len,
-        avg_bits=avg_bits,
-        sensitivity=sensitivity,
-        offload=offload.value if offload else None,
-        calibration_dtype=_calibration_dtype(calibration_dtype),
-        max_cpu_memory=int(max_cpu_memory * 2**30) if max_cpu_memory is not None else None,
-        progress=main_rank,
-    )
-    if result.wrote:
-        print_result(result)
+        sample_tokens=drawn.tokens if drawn else None,
+        light_imports=True,
+        **options,
+    ).to_dict()
+    print_plan(planned, drawn)
+    write_plan_json(plan_target, planned)
+    console.print(f"wrote {plan_target}")
 
 
 def _calibration_dtype(choice: CalibrationDtype):

@@ -11,12 +11,10 @@ import typer
 from rich.table import Table
 
 from quantkit.cli._common import AdapterFile, FeatureCache, Force, SubsampleSeed, console
+from quantkit.recipes.schemes import SENSITIVITY_SCHEMES
 
-
-class WeightScheme(StrEnum):
-    W4A16 = "W4A16"
-    W4A16_ASYM = "W4A16_ASYM"
-    W8A16 = "W8A16"
+# The weight-only schemes of the scheme table a layer can be measured with.
+WeightScheme = StrEnum("WeightScheme", {name: name for name in SENSITIVITY_SCHEMES})
 
 
 class Method(StrEnum):
@@ -107,8 +105,8 @@ def sensitivity(
         check_output_file(output, force, inputs, option="--output")
         check_writable(output, kind="file")
 
-    from quantkit.models.samples import draw_samples
     from quantkit.models.adapters import adapter_for
+    from quantkit.models.samples import draw_samples
     from quantkit.precision.table import save_table
     from quantkit.sensitivity import sensitivity as measure
 

@@ -8,26 +8,7 @@ from pathlib import Path, PurePath
 
 import yaml
 
-# What serves each compressed-tensors preset in vLLM (0.32: the compressed-tensors scheme class
-# its config matcher picks, and the kernels by CUDA compute capability, SM = major*10+minor).
-SERVING: dict[str, str] = {
-    "W8A8": "vLLM `CompressedTensorsW8A8Int8`: CUTLASS int8 GEMM on SM75+ (Turing, Ampere and newer); "
-    "the CPU backend (oneDNN, AVX2/AVX-512)",
-    "W4A16": "vLLM `CompressedTensorsWNA16`: Marlin on SM80+ (Ampere and newer), Machete on SM90 (Hopper); "
-    "the CPU backend on AVX-512",
-    "FP8": "vLLM `CompressedTensorsW8A8Fp8`: FP8 tensor cores on SM89+ (Ada, Hopper, Blackwell); "
-    "Marlin FP8 weight-only below SM89; no static-FP8 kernel on the CPU backend",
-    "FP8_DYNAMIC": "vLLM `CompressedTensorsW8A8Fp8`: FP8 tensor cores on SM89+ (Ada, Hopper, Blackwell); "
-    "Marlin FP8 weight-only below SM89",
-    "FP8_BLOCK": "vLLM `CompressedTensorsW8A8Fp8` with 128x128 weight blocks: block-scaled FP8 GEMM "
-    "(CUTLASS / DeepGEMM) on SM90 (Hopper) and SM100 (Blackwell), Triton block kernel on SM89 (Ada)",
-    "NVFP4A16": "vLLM `CompressedTensorsW4A4Fp4(use_a16=True)`: Marlin FP4 weight-only on SM80+ (Ampere, "
-    "Ada, Hopper), FlashInfer / CUTLASS on SM100 and SM120 (Blackwell)",
-    "NVFP4": "vLLM `CompressedTensorsW4A4Fp4`: native FP4 tensor cores (CUTLASS / FlashInfer) on SM100 "
-    "(B200, GB200) and SM120 (RTX 50, RTX PRO 6000); below Blackwell vLLM falls back to weight-only FP4 "
-    "(Marlin) or emulation",
-    "W4AFP8": "vLLM `CompressedTensorsW4A8Fp8`: CUTLASS int4 x FP8 mixed-input GEMM on SM90 (Hopper) only",
-}
+from quantkit.recipes.schemes import SCHEMES
 
 CARD_FILE = "README.md"
 
@@ -193,6 +174,12 @@ def render_front_matter(metadata: dict) -> str:
     return "---\n" + yaml.safe_dump(front_matter(metadata), sort_keys=False) + "---\n"
 
 
+def _serving(preset: str) -> str:
+    """The card's line on what serves the scheme (the scheme table's text)."""
+    text = SCHEMES[preset].card_serving if preset in SCHEMES else ""
+    return f"Kernels: {text}." if text else ""
+
+
 def render_model_card(metadata: dict) -> str:
     recipe = metadata["recipe"]
     scheme = metadata["resolved_scheme"]
@@ -237,7 +224,7 @@ def render_model_card(metadata: dict) -> str:
         "",
         "## Serving",
         "",
-        f"Kernels: {SERVING[scheme['preset']]}." if scheme["preset"] in SERVING else "",
+        _serving(scheme["preset"]),
         "",
         "```",
         "vllm serve <this folder>",

@@ -5,22 +5,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from quantkit.modelfiles import PROCESSOR_FILES
+
 # Tokenizer, processor (image / video / audio preprocessor configs), chat template.
 # config.json, generation_config.json and the weights come from save_pretrained.
-SIDECAR_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-    "chat_template.json",
-    "processor_config.json",
-    "preprocessor_config.json",
-    "video_preprocessor_config.json",
-)
+SIDECAR_FILES = PROCESSOR_FILES
 
 
 def copy_sidecar_files(source: Path, destination: Path) -> list[str]:

@@ -21,24 +21,12 @@ from torch.utils.data import DataLoader
 from quantkit.errors import InputError
 from quantkit.fsutil import sha256_file
 from quantkit.media import MediaError
+from quantkit.modelfiles import PROCESSOR_FILES
 from quantkit.models.inputs import Sample, UnsupportedModality, processor_inputs
 from quantkit.progress import sample_bar
 
 # Bump when processor_inputs changes what it returns for the same files.
 FEATURES_VERSION = 1
-PROCESSOR_FILES = (
-    "processor_config.json",
-    "preprocessor_config.json",
-    "video_preprocessor_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-)
 # Input keys that show a sample reaches a tower.
 VISION_KEYS = ("pixel_values", "pixel_values_videos")
 AUDIO_KEYS = ("input_features",)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from quantkit.calibset import load_calibration_report, load_calibration_set, stratified_subsample
 from quantkit.errors import InputError
+from quantkit.modelfiles import PROCESSOR_FILES
 from quantkit.models.inputs import Sample, processor_capabilities
 
 MEDIA_COLUMNS = (("image", "images"), ("video", "videos"), ("audio", "audios"))
@@ -79,24 +80,13 @@ class OpenSet:
 
 
 def _has_processor_files(model_dir: Path) -> bool:
-    return any(
-        (Path(model_dir) / name).is_file()
-        for name in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json")
-    )
+    return any((Path(model_dir) / name).is_file() for name in PROCESSOR_FILES)
 
 
 def _tower_kinds(adapter) -> set[str]:
     """The media kinds the adapter's towers take (a folder without a processor to ask)."""
     kinds = {"image", "video"} if adapter.vision_tower else set()
     return kinds | ({"audio"} if adapter.audio_tower else set())
-
-
-def model_media_kinds(adapter, model_dir: Path) -> set[str]:
-    """The media kinds the model's processor takes; from the adapter's towers for a folder with
-    no processor files (a config-only folder for ``quantize --dry-run``)."""
-    if _has_processor_files(model_dir):
-        return processor_capabilities(adapter.load_processor(model_dir))
-    return _tower_kinds(adapter)
 
 
 def read_set(calib: Path, model_kinds: set[str], processor=None, report: dict | None = None) -> OpenSet:

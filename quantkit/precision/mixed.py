@@ -56,32 +56,24 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from quantkit.errors import CheckFailed, InputError
+from quantkit.precision.table import SHOWN, ranked_units
+from quantkit.recipes.schemes import PROMOTED_SCHEMES, SCHEMES, preset_scheme, scheme_spec
 
 GROUP_SIZE_CANDIDATES = (128, 64, 32)
 LOW_BITS = 4
 HIGH_BITS = 8
-# The 8-bit schemes a W4A16 recipe can promote layers to (recipe ``promoted_scheme``), and the
-# compressed-tensors format each writes: W8A16 shares W4A16's pack-quantized format; W8A8
-# (dynamic per-token int8 activations) is int-quantized, making the checkpoint mixed-precision.
-HIGH_FORMATS = {"W8A16": "pack-quantized", "W8A8": "int-quantized"}
 
 
 def high_scheme(name: str, targets: list[str]):
-    """The 8-bit QuantizationScheme, per-channel weights (no group, so no divisibility constraint):
-    W8A8 is the library preset; W8A16 is written out because compressed-tensors 0.19's preset
-    of that name is group-128 (which 576-wide layers cannot take)."""
-    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme, preset_name_to_scheme
-
-    if name == "W8A8":
-        return preset_name_to_scheme("W8A8", list(targets))
-    if name != "W8A16":
+    """The 8-bit QuantizationScheme of promoted layers (the scheme table's record: per-channel
+    weights, no group, so no divisibility constraint)."""
+    if name not in PROMOTED_SCHEMES:
         raise ValueError(f"unknown 8-bit scheme {name!r}")
-    weights = QuantizationArgs(num_bits=8, type="int", strategy="channel", symmetric=True, dynamic=False)
-    return QuantizationScheme(targets=list(targets), weights=weights)
+    return SCHEMES[name].scheme(list(targets))
 
 
 SCALE_BITS = 16  # scales are stored in the checkpoint's dtype (bf16 / fp16)
-SHOWN = 12
+
 
 # Leaves vLLM fuses into one layer (packed_modules_mapping of its Llama / Qwen models).
 FUSED_LEAVES = {
@@ -127,6 +119,12 @@ def fusion_units(names: list[str]) -> dict[str, list[str]]:
 
 
 # ---------------------------------------------------------------------- group size
+
+
+def group_size_candidates(group_size: int | None = None) -> tuple[int, ...]:
+    """The group sizes the 4-bit part chooses among: a given one (the recipe's ``group_size`` or
+    ``--group-size``) alone, else GROUP_SIZE_CANDIDATES (the largest dividing every layer wins)."""
+    return (group_size,) if group_size else GROUP_SIZE_CANDIDATES
 
 
 @dataclass
@@ -227,9 +225,9 @@ class PrecisionPlan:
         """The compressed-tensors format config.json will carry."""
         formats = set()
         if self.group_size is not None and len(self.high) < sum(len(u.layers) for u in self.units):
-            formats.add("pack-quantized")
+            formats.add(scheme_spec(self.low_scheme).format)
         if self.high:
-            formats.add(HIGH_FORMATS[self.high_scheme])
+            formats.add(SCHEMES[self.high_scheme].format)
         return formats.pop() if len(formats) == 1 else "mixed-precision"
 
     def to_dict(self) -> dict:
@@ -252,12 +250,10 @@ class PrecisionPlan:
         """Per layer: the group size it will be quantized with (None: per-channel 8-bit)."""
         return {name: None if name in self.high else self.group_size for name in names}
 
-    def config_groups(self, recipe) -> dict:
+    def config_groups(self) -> dict:
         """compressed-tensors config groups: the 4-bit scheme on "Linear", the 8-bit one on the
         promoted units' patterns (a name match wins over the class match in both loaders)."""
         from compressed_tensors.quantization import QuantizationScheme
-
-        from quantkit.recipes.modifiers import weight_args
 
         # The 8-bit group first: compressed-tensors' matcher tries targets in this order and
         # warns about a pattern it never reached (a Linear stops at the first target it matches);
@@ -266,7 +262,9 @@ class PrecisionPlan:
         if self.high_patterns:
             groups["group_0"] = high_scheme(self.high_scheme, list(self.high_patterns))
         if self.group_size is not None:
-            low = weight_args(recipe, self.group_size)
+            low = preset_scheme(self.low_scheme, ["Linear"]).weights.model_copy(
+                update={"group_size": self.group_size}
+            )
             if self.symmetric_patterns:
                 groups[f"group_{len(groups)}"] = QuantizationScheme(
                     targets=list(self.symmetric_patterns), weights=symmetric_args(low)
@@ -305,55 +303,60 @@ def check_avg_bits(avg_bits: float | None) -> None:
         )
 
 
-def _union_groups(
-    units: dict[str, list[str]], rows: list[tuple[list[str], float]]
-) -> list[tuple[list[str], float]]:
-    """Merge fusion units that one sensitivity row spans (a whole decoder block in block mode);
-    returns (units, summed score) per merged group."""
-    layer_unit = {layer: unit for unit, layers in units.items() for layer in layers}
-    parent = {unit: unit for unit in units}
-
-    def find(unit: str) -> str:
-        while parent[unit] != unit:
-            parent[unit] = parent[parent[unit]]
-            unit = parent[unit]
-        return unit
-
-    for layers, _ in rows:
-        owners = [find(layer_unit[layer]) for layer in layers if layer in layer_unit]
-        for other in owners[1:]:
-            parent[find(other)] = find(owners[0])
-    scores: dict[str, float] = defaultdict(float)
-    for layers, score in rows:
-        owners = {find(layer_unit[layer]) for layer in layers if layer in layer_unit}
-        for owner in owners:
-            scores[owner] += score / len(owners)
-    members: dict[str, list[str]] = defaultdict(list)
-    for unit in units:
-        members[find(unit)].append(unit)
-    return [(group, scores.get(root, 0.0)) for root, group in members.items()]
+def _unfit_units(
+    units: dict[str, list[str]], choice: GroupChoice, in_features: dict[str, int]
+) -> dict[str, str]:
+    """The units with a layer no group size divides (all when none fits any), and why: they stay
+    at 8 bits whatever the budget."""
+    high_units: dict[str, str] = {}
+    for unit, layers in units.items():
+        if choice.group_size is None or any(n in choice.unfit for n in layers):
+            features = sorted({in_features[n] for n in layers})
+            high_units[unit] = (
+                f"in-features {', '.join(map(str, features))}: no group size in "
+                f"{', '.join(map(str, choice.candidates))} divides it"
+            )
+    return high_units
 
 
-def _sensitivity_rows(sensitivity, targets: list[str]) -> tuple[list[tuple[list[str], float]], dict]:
-    from quantkit.precision.table import SensitivityTable, load_table
-
-    table = sensitivity if isinstance(sensitivity, SensitivityTable) else load_table(sensitivity)
-    measured = {layer for row in table.rows for layer in row.layers}
-    skipped = set(table.skipped)
-    missing = [name for name in targets if name not in measured and name not in skipped]
-    if missing:
-        raise InputError(
-            f"the sensitivity table does not cover {len(missing)} targeted layer(s): {', '.join(missing[:SHOWN])}",
-            hint="measure it on this model with `quantkit sensitivity` (same adapter)",
+def _effective_bits(names, high, in_features, params, group_size, symmetric) -> float:
+    """Average bits per weight with scales and zero points, by parameter count."""
+    return sum(
+        layer_bits(
+            HIGH_BITS if n in high else LOW_BITS, in_features[n], group_size, four_bit_symmetric(n, symmetric)
         )
-    stray = sorted(measured - set(targets))
-    if stray:
-        raise InputError(
-            f"the sensitivity table names {len(stray)} layer(s) this model does not target: {', '.join(stray[:SHOWN])}",
-            hint="it was measured on another model or adapter",
-        )
-    rows = [(list(row.layers), float(row.score)) for row in table.rows]
-    return rows, table.source_summary()
+        * params[n]
+        for n in names
+    ) / sum(params.values())
+
+
+def _promote_sensitive(
+    order: list[tuple[list[str], float]],
+    ranks: dict[str, int],
+    high_units: dict[str, str],
+    cost: Callable[[str, int], float],
+    *,
+    spent: float,
+    budget: float,
+    selection: str,
+) -> None:
+    """Promote the ranked groups of units to 8 bits (into ``high_units``, with the reason) while
+    the bits ``spent`` stay within ``budget``: by KL per promoted bit (density) or by KL (score)."""
+
+    def extra(group: list[str]) -> float:
+        return sum(cost(u, HIGH_BITS) - cost(u, LOW_BITS) for u in group)
+
+    def key(item: tuple[list[str], float]) -> float:
+        group, score = item
+        return -(score / max(extra(group), 1e-9)) if selection == "density" else -score
+
+    for group, score in sorted(order, key=key):
+        if score <= 0 or any(u in high_units for u in group):
+            continue
+        if spent + extra(group) <= budget + 1e-6:
+            spent += extra(group)
+            for unit in group:
+                high_units[unit] = f"sensitive: rank {ranks[unit]} of {len(order)} (KL {score:.4g})"
 
 
 def plan_precision(
@@ -378,8 +381,6 @@ def plan_precision(
     written for the names below it. Raises InputError when the layers no group size divides
     already exceed the budget, before any work.
     """
-    from quantkit.recipes.modifiers import preset_name
-
     if selection not in {"density", "score"}:
         raise InputError(f"unknown selection {selection!r}: density or score")
     check_avg_bits(avg_bits)
@@ -387,7 +388,7 @@ def plan_precision(
     in_features = {name: int(m.in_features) for name, m in modules.items()}
     params = {name: int(m.in_features) * int(m.out_features) for name, m in modules.items()}
     if candidates is None:
-        candidates = (recipe.group_size,) if recipe.group_size else GROUP_SIZE_CANDIDATES
+        candidates = group_size_candidates(recipe.group_size)
     choice = choose_group_size(in_features, tuple(candidates), params)
     units = fusion_units(names)
     unit_params = {unit: sum(params[n] for n in layers) for unit, layers in units.items()}
@@ -403,15 +404,7 @@ def plan_precision(
             for n in units[unit]
         )
 
-    high_units: dict[str, str] = {}
-    for unit, layers in units.items():
-        unfit = [n for n in layers if n in choice.unfit]
-        if unfit or choice.group_size is None:
-            features = sorted({in_features[n] for n in layers})
-            high_units[unit] = (
-                f"in-features {', '.join(map(str, features))}: no group size in "
-                f"{', '.join(map(str, choice.candidates))} divides it"
-            )
+    high_units = _unfit_units(units, choice, in_features)
     spent = sum(cost(u, HIGH_BITS if u in high_units else LOW_BITS) for u in units)
     budget = avg_bits * total if avg_bits is not None else None
     notes: list[str] = []
@@ -422,37 +415,13 @@ def plan_precision(
             hint="raise --avg-bits, or allow a smaller group size (recipe group_size)",
         )
 
-    scores: dict[str, float] = {}
-    ranks: dict[str, int] = {}
-    source = None
-    order: list[tuple[list[str], float]] = []
-    if sensitivity is not None:
-        rows, source = _sensitivity_rows(sensitivity, names)
-        order = _union_groups(units, rows)
-        for group, score in order:
-            for unit in group:
-                scores[unit] = score / len(group)
-        for rank, (group, _) in enumerate(sorted(order, key=lambda g: -g[1]), start=1):
-            for unit in group:
-                ranks[unit] = rank
+    order, scores, ranks, source = (
+        ranked_units(sensitivity, names, units) if sensitivity is not None else ([], {}, {}, None)
+    )
     if budget is not None and sensitivity is None:
         notes.append("no sensitivity ranking yet: the sensitive layers are chosen when it is measured")
     if budget is not None and sensitivity is not None:
-
-        def extra(group: list[str]) -> float:
-            return sum(cost(u, HIGH_BITS) - cost(u, LOW_BITS) for u in group)
-
-        def key(item: tuple[list[str], float]) -> float:
-            group, score = item
-            return -(score / max(extra(group), 1e-9)) if selection == "density" else -score
-
-        for group, score in sorted(order, key=key):
-            if score <= 0 or any(u in high_units for u in group):
-                continue
-            if spent + extra(group) <= budget + 1e-6:
-                spent += extra(group)
-                for unit in group:
-                    high_units[unit] = f"sensitive: rank {ranks[unit]} of {len(order)} (KL {score:.4g})"
+        _promote_sensitive(order, ranks, high_units, cost, spent=spent, budget=budget, selection=selection)
         if not any(r.startswith("sensitive") for r in high_units.values()):
             notes.append(f"no unit fits the budget of {avg_bits} bits: everything stays at 4 bits")
 
@@ -461,44 +430,31 @@ def plan_precision(
     }
     params_high = sum(params[n] for n in high)
     nominal = (HIGH_BITS * params_high + LOW_BITS * (total - params_high)) / total
-    effective = (
-        sum(
-            layer_bits(
-                HIGH_BITS if n in high else LOW_BITS,
-                in_features[n],
-                choice.group_size,
-                four_bit_symmetric(n, recipe.symmetric),
-            )
-            * params[n]
-            for n in names
-        )
-        / total
-    )
-    choices = [
-        UnitChoice(
-            unit=unit,
-            layers=list(layers),
-            params=unit_params[unit],
-            bits=HIGH_BITS if unit in high_units else LOW_BITS,
-            score=scores.get(unit),
-            rank=ranks.get(unit),
-            reason=high_units.get(unit, ""),
-        )
-        for unit, layers in units.items()
-    ]
+    effective = _effective_bits(names, high, in_features, params, choice.group_size, recipe.symmetric)
+    # MoE experts stay symmetric in a zero-point recipe (see the module doc): their own group.
+    zero_points = not recipe.symmetric and choice.group_size is not None
     expert_units = [
-        u
-        for u, layers in units.items()
-        if u not in high_units and not recipe.symmetric and choice.group_size and any(map(is_expert, layers))
+        u for u, ls in units.items() if zero_points and u not in high_units and any(map(is_expert, ls))
     ]
     plan = PrecisionPlan(
-        low_scheme=preset_name(recipe),
+        low_scheme=recipe.preset,
         high_scheme=recipe.promoted_scheme,
         group_size=choice.group_size,
         candidates=choice.candidates,
         symmetric=recipe.symmetric,
         high=high,
-        units=choices,
+        units=[
+            UnitChoice(
+                unit,
+                list(layers),
+                unit_params[unit],
+                HIGH_BITS if unit in high_units else LOW_BITS,
+                scores.get(unit),
+                ranks.get(unit),
+                high_units.get(unit, ""),
+            )
+            for unit, layers in units.items()
+        ],
         params_total=total,
         params_high=params_high,
         avg_bits=nominal,
@@ -602,63 +558,3 @@ def check_precision_plan(plan: PrecisionPlan, names: list[str]) -> None:
             "mixed-precision config groups disagree with the plan: " + "; ".join(problems[:SHOWN]),
             hint="a bug in quantkit.precision.mixed; nothing was written",
         )
-
-
-def assigned_bits(model: torch.nn.Module) -> dict[str, int]:
-    """After oneshot: the weight bits compressed-tensors attached to each quantized module."""
-    found = {}
-    for name, module in model.named_modules():
-        scheme = getattr(module, "quantization_scheme", None)
-        if scheme is not None and getattr(scheme, "weights", None) is not None:
-            found[name] = int(scheme.weights.num_bits)
-    return found
-
-
-def check_assigned(model: torch.nn.Module, plan: PrecisionPlan, names: list[str]) -> None:
-    """After oneshot: every targeted layer carries the planned bits and group size."""
-    problems = []
-    for name in names:
-        scheme = getattr(model.get_submodule(name), "quantization_scheme", None)
-        weights = getattr(scheme, "weights", None)
-        if weights is None:
-            problems.append(f"{name}: not quantized")
-            continue
-        bits, group = (HIGH_BITS, None) if name in plan.high else (LOW_BITS, plan.group_size)
-        symmetric = True if name in plan.high else plan.layer_symmetric(name)
-        if (
-            int(weights.num_bits) != bits
-            or (group is not None and weights.group_size != group)
-            or bool(weights.symmetric) != symmetric
-        ):
-            problems.append(
-                f"{name}: {weights.num_bits} bits group {weights.group_size} symmetric {weights.symmetric}, "
-                f"planned {bits} bits group {group} symmetric {symmetric}"
-            )
-    if problems:
-        raise CheckFailed(
-            f"{len(problems)} layer(s) quantized otherwise than planned: " + "; ".join(problems[:SHOWN]),
-            hint="nothing was written",
-        )
-
-
-def order_config_groups(directory) -> bool:
-    """Rewrite the saved config.json so config groups with name targets come first.
-
-    compressed-tensors saves groups in module order (the 4-bit group first) and, on reload, tries
-    targets in that order, warning "Could not match" for every pattern a Linear never reached
-    because it stopped at "Linear". The scheme each layer gets does not depend on the order
-    (name matches win in compressed-tensors and vLLM alike); only the warning does."""
-    import json
-    from pathlib import Path
-
-    path = Path(directory) / "config.json"
-    config = json.loads(path.read_text(encoding="utf-8"))
-    holder = config.get("quantization_config") or {}
-    groups = holder.get("config_groups") or {}
-    if len(groups) < 2:
-        return False
-    named = [g for g in groups.values() if any(t != "Linear" for t in g.get("targets", []))]
-    ordered = named + [g for g in groups.values() if not any(t != "Linear" for t in g.get("targets", []))]
-    holder["config_groups"] = {f"group_{i}": group for i, group in enumerate(ordered)}
-    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return True

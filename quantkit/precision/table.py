@@ -4,6 +4,7 @@ ranked, with what was measured and what it cost; JSON on disk."""
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -116,3 +117,76 @@ def format_table(table: SensitivityTable, top: int | None = 20) -> list[str]:
     for name, why in table.skipped.items():
         lines.append(f"not measured: {name}: {why}")
     return lines
+
+
+# ---------------------------------------------------------------------- ranking fusion units
+
+SHOWN = 12  # layers named in a message
+
+
+def _union_groups(
+    units: dict[str, list[str]], rows: list[tuple[list[str], float]]
+) -> list[tuple[list[str], float]]:
+    """Merge fusion units that one sensitivity row spans (a whole decoder block in block mode);
+    returns (units, summed score) per merged group."""
+    layer_unit = {layer: unit for unit, layers in units.items() for layer in layers}
+    parent = {unit: unit for unit in units}
+
+    def find(unit: str) -> str:
+        while parent[unit] != unit:
+            parent[unit] = parent[parent[unit]]
+            unit = parent[unit]
+        return unit
+
+    for layers, _ in rows:
+        owners = [find(layer_unit[layer]) for layer in layers if layer in layer_unit]
+        for other in owners[1:]:
+            parent[find(other)] = find(owners[0])
+    scores: dict[str, float] = defaultdict(float)
+    for layers, score in rows:
+        owners = {find(layer_unit[layer]) for layer in layers if layer in layer_unit}
+        for owner in owners:
+            scores[owner] += score / len(owners)
+    members: dict[str, list[str]] = defaultdict(list)
+    for unit in units:
+        members[find(unit)].append(unit)
+    return [(group, scores.get(root, 0.0)) for root, group in members.items()]
+
+
+def _sensitivity_rows(sensitivity, targets: list[str]) -> tuple[list[tuple[list[str], float]], dict]:
+    table = sensitivity if isinstance(sensitivity, SensitivityTable) else load_table(sensitivity)
+    measured = {layer for row in table.rows for layer in row.layers}
+    skipped = set(table.skipped)
+    missing = [name for name in targets if name not in measured and name not in skipped]
+    if missing:
+        raise InputError(
+            f"the sensitivity table does not cover {len(missing)} targeted layer(s): {', '.join(missing[:SHOWN])}",
+            hint="measure it on this model with `quantkit sensitivity` (same adapter)",
+        )
+    stray = sorted(measured - set(targets))
+    if stray:
+        raise InputError(
+            f"the sensitivity table names {len(stray)} layer(s) this model does not target: {', '.join(stray[:SHOWN])}",
+            hint="it was measured on another model or adapter",
+        )
+    rows = [(list(row.layers), float(row.score)) for row in table.rows]
+    return rows, table.source_summary()
+
+
+def ranked_units(
+    sensitivity, names: list[str], units: dict[str, list[str]]
+) -> tuple[list[tuple[list[str], float]], dict[str, float], dict[str, int], dict]:
+    """A sensitivity table (or its JSON path) over the targeted ``names``, as the fusion ``units``
+    it ranks: (groups of units with their summed score, score per unit, rank per unit with 1 the
+    most sensitive, where the table came from)."""
+    rows, source = _sensitivity_rows(sensitivity, names)
+    order = _union_groups(units, rows)
+    scores: dict[str, float] = {}
+    ranks: dict[str, int] = {}
+    for group, score in order:
+        for unit in group:
+            scores[unit] = score / len(group)
+    for rank, (group, _) in enumerate(sorted(order, key=lambda g: -g[1]), start=1):
+        for unit in group:
+            ranks[unit] = rank
+    return order, scores, ranks, source

@@ -1,17 +1,10 @@
 """Calibrate and quantize a model's language model with a recipe; prove it; write the checkpoint."""
 
+from quantkit.quantize.calibration import calibrate
+from quantkit.quantize.metadata import QuantizeResult
+from quantkit.quantize.preflight import QuantizePlan, plan, refuse_known_failure
 from quantkit.quantize.probe import CalibrationProbe
-from quantkit.quantize.run import (
-    CALIBRATION_DTYPE,
-    QuantizePlan,
-    QuantizeResult,
-    calibrate,
-    plan,
-    quantize,
-    refuse_known_failure,
-    saved_dtype,
-    unfuse_experts,
-)
+from quantkit.quantize.run import CALIBRATION_DTYPE, quantize, saved_dtype, unfuse_experts
 from quantkit.quantize.scales import check_scales
 
 __all__ = [

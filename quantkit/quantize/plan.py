@@ -29,8 +29,8 @@ import torch
 
 from quantkit.models.adapters import Adapter
 from quantkit.models.targets import TargetPlan, decoder_layers
+from quantkit.precision.mixed import PrecisionPlan
 from quantkit.recipes import Recipe
-from quantkit.recipes.schema import FOUR_BIT_SCHEMES
 
 GIB = 2**30
 # Resident memory of a process that imported torch, transformers and llmcompressor (measured on
@@ -46,10 +46,6 @@ LOAD_COPIES = 2  # the checkpoint's tensors held while loading casts them (see m
 
 def _dtype_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
-
-
-def _weight_bits(recipe: Recipe) -> int:
-    return 4 if recipe.scheme in FOUR_BIT_SCHEMES else 8
 
 
 def host_memory_available() -> int | None:
@@ -272,37 +268,70 @@ def _module_ids(model: torch.nn.Module, names: list[str]) -> set[int]:
     return {id(modules[name]) for name in names}
 
 
-def _text_config(decoder: torch.nn.Module):
+def _attention_widths(decoder: torch.nn.Module) -> tuple[int, int, int]:
+    """(hidden size, attention heads, head dimension) from the decoder's text config."""
     config = getattr(decoder, "config", None)
-    return getattr(config, "text_config", None) or config
+    text = getattr(config, "text_config", None) or config
+    hidden = int(text.hidden_size)
+    heads = int(getattr(text, "num_attention_heads", 1))
+    return hidden, heads, int(getattr(text, "head_dim", None) or hidden // heads)
 
 
-def checkpoint_bytes(
+def checkpoint_size_estimate(
     model: torch.nn.Module,
     targets: TargetPlan,
     recipe: Recipe,
-    saved: torch.dtype,
-    group_size,
+    precision: PrecisionPlan | None,
+    dtype: torch.dtype,
+    model_dir: Path,
+    avg_bits: float | None = None,
     kinds: LayerKinds | None = None,
-):
-    """The checkpoint's size: targeted Linears at the recipe's bits plus scales (and zero points
-    for asymmetric groups), every other tensor in the saved dtype. ``kinds``: ``model`` is a
-    :func:`reduced_tree` (each kept layer counts for every layer of its kind)."""
-    saved_bytes = _dtype_bytes(saved)
-    bits = _weight_bits(recipe)
-    quantized = _module_ids(model, targets.quantize)
-    total = 0
+) -> int:
+    """Bytes the checkpoint will take (the one estimate: the free-space check, the dry run, the
+    memory plan's disk figure, build's order of fallbacks), from the module tree on the meta
+    device: quantized weights at their bits (scales and zero points included), the rest in the
+    saved ``dtype``, plus the source's other files (tokenizer, processor). ``kinds``: ``model``
+    is a reduced tree (one decoder layer per kind, counted for each layer of its kind)."""
+    item = _dtype_bytes(dtype)
+    quantized = set(targets.quantize)
+    seen: set[int] = set()
+    kept_bytes = quantized_weights = rows = 0
     for name, module in model.named_modules():
-        own = sum(p.numel() for p in module.parameters(recurse=False))
-        if id(module) in quantized:
-            weight = module.in_features * module.out_features
-            groups = module.out_features * (module.in_features // group_size if group_size else 1)
-            zero_points = 0.5 if recipe.scheme == "W4A16" and not recipe.symmetric else 0
-            size = weight * bits // 8 + int(groups * (2 + zero_points)) + (own - weight) * saved_bytes
-        else:
-            size = own * saved_bytes
-        total += size * (kinds.multiplicity(name) if kinds else 1)
-    return total
+        for param_name, param in module.named_parameters(recurse=False):
+            if id(param) in seen:
+                continue  # tied weights are saved once
+            seen.add(id(param))
+            count = kinds.multiplicity(name) if kinds else 1
+            if name in quantized and param_name == "weight":
+                quantized_weights += param.numel() * count
+                rows += param.shape[0] * count
+            else:
+                kept_bytes += param.numel() * item * count
+    if precision is not None:
+        bits = max(
+            precision.effective_bits, (avg_bits or 0.0) + (precision.effective_bits - precision.avg_bits)
+        )
+    else:
+        bits = recipe.spec.weight_bits
+    scales = rows * 8  # a scale (and zero point) per output row: per-channel schemes
+    others = sum(
+        f.stat().st_size for f in Path(model_dir).iterdir() if f.is_file() and f.suffix != ".safetensors"
+    )
+    return int(kept_bytes + quantized_weights * bits / 8 + scales + others)
+
+
+def _token_lengths(tokens: list[int | None], needs_data: bool) -> tuple[list[int], str, list[str]]:
+    """Each calibration sample's token count (ASSUMED_TOKENS where unknown; none for a data-free
+    recipe), where the counts came from, and the note an assumed count makes."""
+    known = [t for t in tokens if t is not None] if needs_data else []
+    lengths = known + [ASSUMED_TOKENS] * (len(tokens) - len(known) if needs_data else 0)
+    if not needs_data:
+        return lengths, "none (data-free recipe)", []
+    if len(known) == len(tokens):
+        return lengths, "measured", []
+    missing = len(tokens) - len(known)
+    note = f"{missing} sample(s) carry no token count (calibrate with --model to measure them)"
+    return lengths, f"assumed {ASSUMED_TOKENS} for {missing} sample(s)", [note]
 
 
 def memory_plan(
@@ -317,7 +346,7 @@ def memory_plan(
     device: str | None = None,
     offload: str | None = None,
     max_cpu_memory: int | None = None,
-    group_size: int | None = None,
+    checkpoint: int,
     available: int | None = None,
     kinds: LayerKinds | None = None,
 ) -> MemoryPlan:
@@ -325,16 +354,13 @@ def memory_plan(
     sample (None where unknown). ``device``: "cuda" when a GPU is there, else "cpu" (the
     per-layer figures then count on the host). ``available`` host bytes default to MemAvailable
     (0: unknown, nothing is decided from it). ``kinds``: ``model`` is a :func:`reduced_tree`
-    (one decoder layer per kind; ``targets`` are its names), each layer counted for its kind."""
+    (one decoder layer per kind; ``targets`` are its names), each layer counted for its kind.
+    ``checkpoint``: the checkpoint's bytes (:func:`checkpoint_size_estimate`)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype_bytes = _dtype_bytes(calibration_dtype)
     layers = decoder_layers(model, adapter)
     kinds = kinds or LayerKinds.each(layers)
-    decoder = model.get_submodule(adapter.decoder_path)
-    text = _text_config(decoder)
-    hidden = int(text.hidden_size)
-    heads = int(getattr(text, "num_attention_heads", 1))
-    head_dim = int(getattr(text, "head_dim", None) or hidden // heads)
+    hidden, heads, head_dim = _attention_widths(model.get_submodule(adapter.decoder_path))
     gptq = recipe.method == "gptq" and recipe.needs_data
     targeted = _module_ids(model, targets.quantize)
     figures = {rep: _layer_figures(layers[rep], targeted, gptq) for rep in kinds.members}
@@ -342,18 +368,7 @@ def memory_plan(
         max(column) for column in zip(*figures.values(), strict=True)
     )
 
-    notes = []
-    known = [t for t in tokens if t is not None] if recipe.needs_data else []
-    lengths = known + [ASSUMED_TOKENS] * (len(tokens) - len(known) if recipe.needs_data else 0)
-    if not recipe.needs_data:
-        source = "none (data-free recipe)"
-    elif len(known) == len(tokens):
-        source = "measured"
-    else:
-        source = f"assumed {ASSUMED_TOKENS} for {len(tokens) - len(known)} sample(s)"
-        notes.append(
-            f"{len(tokens) - len(known)} sample(s) carry no token count (calibrate with --model to measure them)"
-        )
+    lengths, source, notes = _token_lengths(tokens, recipe.needs_data)
     longest = max(lengths, default=0)
     total_tokens = sum(lengths)
 
@@ -376,10 +391,8 @@ def memory_plan(
     params = sum(p.numel() for p in model.parameters())
     params += sum((len(fulls) - 1) * figures[rep][0] for rep, fulls in kinds.members.items())
     model_bytes = params * dtype_bytes
-    if offload == "disk":
-        in_memory = min(model_bytes, max_cpu_memory if max_cpu_memory is not None else model_bytes)
-    else:
-        in_memory = model_bytes
+    disk_bound = offload == "disk" and max_cpu_memory is not None  # the rest is offloaded to disk
+    in_memory = min(model_bytes, max_cpu_memory) if disk_bound else model_bytes
     # Per sample at a layer boundary: its hidden states, cos/sin position embeddings, the causal mask.
     boundary = sum(t * dtype_bytes * (hidden + 2 * head_dim) + t * t * dtype_bytes for t in lengths)
     captured = sum(t * (hidden * dtype_bytes + 4 * 8) for t in lengths)  # embeddings + 3-D positions
@@ -397,7 +410,7 @@ def memory_plan(
     usable = int(available * (1 - HOST_HEADROOM)) if available else None
     cache = boundary + captured
     spill = bool(recipe.needs_data and usable is not None and host["total"] > usable and cache)
-    disk = {"checkpoint": checkpoint_bytes(model, targets, recipe, saved_dtype, group_size, kinds)}
+    disk = {"checkpoint": checkpoint}
     if offload == "disk":
         disk["offload"] = model_bytes - in_memory
     if spill:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quantkit.recipes.schema import PINNED_FORMATS, Recipe
+from quantkit.recipes.schema import Recipe
 
 # llmcompressor 0.14 AWQModifier defaults: scales from activations and weights (duo scaling),
 # 20 grid points per smoothing step.
@@ -20,35 +20,14 @@ def kv_cache_fp8_args():
 
 
 def preset_name(recipe: Recipe) -> str:
-    """The compressed-tensors preset a recipe starts from (W4A16 with ``symmetric: false`` is
-    the library's W4A16_ASYM)."""
-    if recipe.scheme == "W4A16" and not recipe.symmetric:
-        return "W4A16_ASYM"
-    return recipe.scheme
+    """The compressed-tensors preset a recipe starts from (``Recipe.preset``)."""
+    return recipe.preset
 
 
 def weight_args(recipe: Recipe, group_size: int | None = None):
     """The recipe's weight QuantizationArgs; ``group_size`` (chosen for the model) overrides the
     preset's (W4A16: 128) for group-wise schemes."""
-    from compressed_tensors.quantization import preset_name_to_scheme
-
-    args = preset_name_to_scheme(preset_name(recipe), ["Linear"]).weights
-    if args is None:
-        raise ValueError(f"scheme {recipe.scheme} quantizes no weights")
-    size = group_size or recipe.group_size
-    if size and args.group_size:
-        args = args.model_copy(update={"group_size": size})  # keeps the preset otherwise untouched
-    return args
-
-
-def pinned_preset(recipe: Recipe, targets: list[str]):
-    """The recipe's preset on ``targets`` with the checkpoint format pinned (PINNED_FORMATS):
-    the library's own scheme, only its ``format`` set."""
-    from compressed_tensors.quantization import preset_name_to_scheme
-
-    scheme = preset_name_to_scheme(preset_name(recipe), list(targets))
-    scheme.format = PINNED_FORMATS[recipe.scheme]
-    return scheme
+    return recipe.spec.weight_args(symmetric=recipe.symmetric, group_size=group_size or recipe.group_size)
 
 
 def build_modifiers(
@@ -91,12 +70,12 @@ def build_modifiers(
             AWQModifier(mappings=list(awq_mappings), duo_scaling=AWQ_DUO_SCALING, n_grid=AWQ_N_GRID)
         )
     common: dict[str, Any] = dict(targets=list(targets), ignore=list(ignore))
-    if not config_groups and recipe.scheme in PINNED_FORMATS:
-        config_groups = {"group_0": pinned_preset(recipe, targets)}
+    if not config_groups and recipe.spec.pin_format:
+        config_groups = {"group_0": recipe.spec.scheme(targets, symmetric=recipe.symmetric)}
     if config_groups:
         common = dict(config_groups=dict(config_groups), ignore=list(ignore))
     else:
-        common["scheme"] = preset_name(recipe)
+        common["scheme"] = recipe.preset
     if recipe.kv_cache_fp8:
         common["kv_cache_scheme"] = kv_cache_fp8_args()
     if recipe.weight_observer is not None:
@@ -116,9 +95,7 @@ def resolved_scheme(recipe: Recipe, *, group_size: int | None = None) -> dict:
     ``group_size`` is the one chosen for the model (group-wise schemes); without it the recipe's
     own, else the preset's. Mixed precision is described separately (quantkit.json ``mixed``).
     """
-    from compressed_tensors.quantization import preset_name_to_scheme
-
-    scheme = preset_name_to_scheme(preset_name(recipe), ["<language-model Linear layers>"])
+    scheme = recipe.spec.scheme(["<language-model Linear layers>"], symmetric=recipe.symmetric)
     if scheme.weights is not None and scheme.weights.group_size:
         scheme.weights = weight_args(recipe, group_size)
     if scheme.weights is not None and recipe.weight_observer is not None:

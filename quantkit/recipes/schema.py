@@ -6,56 +6,25 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-# compressed-tensors preset schemes quantkit supports, and the checkpoint format each one writes.
-SCHEME_FORMATS: dict[str, str] = {
-    "W8A8": "int-quantized",  # int8 per-channel weights, dynamic per-token int8 activations
-    "W4A16": "pack-quantized",  # int4 weights packed in int32, group 128
-    "FP8": "float-quantized",  # per-tensor FP8 weights, static per-tensor input scale
-    "FP8_DYNAMIC": "float-quantized",  # per-channel FP8 weights, dynamic per-token activations
-    # 128x128 FP8 weight blocks, dynamic per-token-group (128) FP8 activations (DeepSeek / Qwen FP8)
-    "FP8_BLOCK": "float-quantized",
-    # FP4 (e2m1) weights in groups of 16 with FP8 scales and a per-tensor global scale, 16-bit activations
-    "NVFP4A16": "nvfp4-pack-quantized",
-    # NVFP4 weights and FP4 activations (groups of 16, global input scale calibrated from data)
-    "NVFP4": "nvfp4-pack-quantized",
-    # int4 weights packed in int32 (group 128, symmetric), dynamic per-token FP8 activations
-    "W4AFP8": "pack-quantized",
-}
-# Schemes whose format compressed-tensors would infer wrongly, pinned on the scheme itself
-# (QuantizationScheme.format, which its inference honours). compressed-tensors 0.19 writes int
-# weights with FP8 activations as int-quantized (one int8 per 4-bit value, weight_scale only):
-# vLLM's CompressedTensorsW4A8Fp8 loads weight_packed and weight_shape, the pack-quantized layout.
-PINNED_FORMATS: dict[str, str] = {"W4AFP8": "pack-quantized"}
-# Schemes whose activations are quantized with scales fixed from calibration data (NVFP4: the
-# activations' per-tensor global scale; the per-group scales stay dynamic).
-STATIC_ACTIVATION_SCHEMES = {"FP8", "NVFP4"}
-# Schemes that quantize activations at all (SmoothQuant only helps those).
-ACTIVATION_SCHEMES = {"W8A8", "FP8", "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4", "W4AFP8"}
-# Schemes with 4-bit weights (the others are 8-bit).
-FOUR_BIT_SCHEMES = {"W4A16", "NVFP4A16", "NVFP4", "W4AFP8"}
+from quantkit.recipes.schemes import PROMOTED_SCHEMES, RECIPE_SCHEMES, SCHEMES, SchemeSpec, schemes_where
 
-# Schemes whose weights are quantized in groups along the input features (group_size applies).
-GROUP_SCHEMES = {"W4A16"}
-
-# Schemes AWQ (method: awq) takes: its grid search scales weight channels for an int4 grid.
-AWQ_SCHEMES = {"W4A16"}
+# Views of the scheme table (quantkit.recipes.schemes) the recipe's rules read.
+SCHEME_FORMATS: dict[str, str] = {name: SCHEMES[name].format for name in RECIPE_SCHEMES}
+GROUP_SCHEMES = schemes_where(group_size_per_model=True)  # group_size applies
 
 # llmcompressor 0.14 GPTQModifier defaults (tests compare them with the library).
 GPTQ_DEFAULT_ACTORDER = "static"
 GPTQ_DEFAULT_DAMPENING_FRAC = 0.01
 
-Scheme = Literal["W8A8", "W4A16", "FP8", "FP8_DYNAMIC", "FP8_BLOCK", "NVFP4A16", "NVFP4", "W4AFP8"]
+Scheme = Literal[RECIPE_SCHEMES]  # type: ignore[valid-type]
 # Schemes a W4A16 recipe keeps its 8-bit layers in (mixed precision, or no group size divides).
-PromotedScheme = Literal["W8A16", "W8A8"]
+PromotedScheme = Literal[PROMOTED_SCHEMES]  # type: ignore[valid-type]
 ActOrder = Literal["static", "weight", "group", "dynamic"]
 # llmcompressor 0.14 weight observers a recipe may pick (llmcompressor.observers): memoryless_minmax
 # (the library's default for weights), memoryless_mse (grid search on the weight's own error),
 # imatrix_mse (that search weighted by each input channel's E[x^2] on the calibration data,
 # llama.cpp's importance matrix). The moving-average minmax / mse are for activations.
 WeightObserver = Literal["memoryless_minmax", "memoryless_mse", "imatrix_mse"]
-# Weight strategies imatrix_mse weighs (per channel or group); per-tensor and block scales it
-# silently computes unweighted, so those schemes refuse it.
-IMATRIX_SCHEMES = {"W8A8", "W4A16", "FP8_DYNAMIC", "NVFP4A16", "NVFP4", "W4AFP8"}
 
 
 class DriftLimits(BaseModel):
@@ -165,19 +134,20 @@ class Recipe(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:
-        if self.smoothquant_strength is not None and self.scheme not in ACTIVATION_SCHEMES:
+        spec = self.spec
+        if self.smoothquant_strength is not None and spec.activations is None:
             raise ValueError(
                 f"smoothquant_strength: SmoothQuant only helps schemes that quantize activations, not {self.scheme}"
             )
-        if self.method == "awq" and self.scheme not in AWQ_SCHEMES:
+        if self.method == "awq" and not spec.awq:
             raise ValueError(
-                f"method: awq takes the weight-only int4 scheme ({', '.join(sorted(AWQ_SCHEMES))}), "
+                f"method: awq takes the weight-only int4 scheme ({', '.join(sorted(schemes_where(awq=True)))}), "
                 f"not {self.scheme}"
             )
-        if self.weight_observer == "imatrix_mse" and self.scheme not in IMATRIX_SCHEMES:
+        if self.weight_observer == "imatrix_mse" and not spec.imatrix:
             raise ValueError(
                 f"weight_observer: imatrix_mse weighs per-channel or per-group scales, and {self.scheme} "
-                f"has per-tensor or block scales (use it with {', '.join(sorted(IMATRIX_SCHEMES))})"
+                f"has per-tensor or block scales (use it with {', '.join(sorted(schemes_where(imatrix=True)))})"
             )
         if self.weight_observer == "imatrix_mse" and (
             self.smoothquant_strength is not None or self.method == "awq"
@@ -192,7 +162,7 @@ class Recipe(BaseModel):
             stray = {"actorder", "dampening_frac", "token_weights"} & self.model_fields_set
             if stray:
                 raise ValueError(f"{', '.join(sorted(stray))}: GPTQ settings need method: gptq")
-        if self.scheme not in GROUP_SCHEMES:
+        if not spec.group_size_per_model:
             stray = {"group_size", "symmetric", "promoted_scheme"} & self.model_fields_set
             if stray:
                 raise ValueError(
@@ -207,15 +177,26 @@ class Recipe(BaseModel):
         return (
             self.method in ("gptq", "awq")
             or self.smoothquant_strength is not None
-            or self.scheme in STATIC_ACTIVATION_SCHEMES
+            or self.spec.activations == "static"
             or self.kv_cache_fp8
             or self.weight_observer == "imatrix_mse"
         )
 
     @property
+    def spec(self) -> SchemeSpec:
+        """The scheme table's record of this recipe's scheme."""
+        return SCHEMES[self.scheme]
+
+    @property
+    def preset(self) -> str:
+        """The compressed-tensors preset the recipe starts from (W4A16 with ``symmetric: false``
+        is the library's W4A16_ASYM)."""
+        return self.spec.preset(self.symmetric)
+
+    @property
     def checkpoint_format(self) -> str:
         """The compressed-tensors ``format`` the checkpoint's quantization_config will carry."""
-        return SCHEME_FORMATS[self.scheme]
+        return self.spec.format
 
     def with_kv_cache_fp8(self, enabled: bool = True) -> Recipe:
         return self.model_copy(update={"kv_cache_fp8": enabled})

@@ -14,29 +14,30 @@ from quantkit.features.processor import FeatureRow
 from quantkit.models.adapters import Adapter, adapter_for, model_architecture
 from quantkit.models.inputs import Sample
 from quantkit.models.targets import decoder_layers, language_model_root, resolve_targets
-from quantkit.precision.mixed import GROUP_SIZE_CANDIDATES, choose_group_size, is_expert, symmetric_args
+from quantkit.precision.mixed import (
+    GROUP_SIZE_CANDIDATES,
+    choose_group_size,
+    group_size_candidates,
+    is_expert,
+    symmetric_args,
+)
 from quantkit.precision.table import SensitivityTable
 from quantkit.progress import sample_bar
+from quantkit.recipes.schemes import SENSITIVITY_SCHEMES, preset_scheme
 from quantkit.sensitivity.measure import GRANULARITIES, estimate_fisher, measure
 
 METHODS = ("kl", "fisher")
 # Weight-only schemes a layer can be measured with (activations stay in full precision).
-SCHEMES = ("W4A16", "W4A16_ASYM", "W8A16")
+SCHEMES = SENSITIVITY_SCHEMES
 DEFAULT_SAMPLES = 8
 DEFAULT_MAX_SEQ_LEN = 256
 DEFAULT_POSITIONS = 128
 
 
 def scheme_args(scheme: str, group_size: int | None = None):
-    from compressed_tensors.quantization import preset_name_to_scheme
-
-    from quantkit.precision.mixed import high_scheme
-
     if scheme not in SCHEMES:
         raise InputError(f"unknown scheme {scheme!r} for sensitivity", hint=f"one of {', '.join(SCHEMES)}")
-    if scheme == "W8A16":  # per channel, as quantize writes its 8-bit layers
-        return high_scheme(scheme, ["Linear"]).weights
-    args = preset_name_to_scheme(scheme, ["Linear"]).weights
+    args = preset_scheme(scheme, ["Linear"]).weights  # W8A16: per channel, as quantize writes it
     if group_size and args.group_size:
         args = args.model_copy(update={"group_size": group_size})
     return args
@@ -183,7 +184,7 @@ def sensitivity(
     if not samples:
         raise InputError("sensitivity needs calibration samples")
     args = scheme_args(scheme)
-    candidates = (group_size,) if group_size else GROUP_SIZE_CANDIDATES
+    candidates = group_size_candidates(group_size)
     from quantkit.features.processor import prepare_samples
     from quantkit.models.loading import unfuse_experts
 

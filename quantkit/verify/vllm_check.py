@@ -21,6 +21,7 @@ import numpy as np
 
 from quantkit.errors import InputError
 from quantkit.models.inputs import Sample, processor_capabilities, processor_inputs
+from quantkit.recipes.schemes import SHIPPED_PRESETS, preset_scheme
 from quantkit.terminal import pass_on
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -78,21 +79,6 @@ MISSING_KERNEL_MESSAGES = (
     ),
 )
 
-# compressed-tensors presets quantkit's recipes write, each served by vLLM on the GPUs its recipe
-# targets (recipes/targets.yaml); plus the 8-bit layers of a W4A16 recipe (quantkit's own
-# per-channel W8A16 / W8A8: quantkit.precision.mixed.high_scheme).
-SHIPPED_PRESETS = (
-    "W8A8",
-    "W4A16",
-    "W4A16_ASYM",
-    "FP8",
-    "FP8_DYNAMIC",
-    "FP8_BLOCK",
-    "NVFP4A16",
-    "NVFP4",
-    "W4AFP8",
-)
-SHIPPED_PROMOTED = ("W8A16", "W8A8")
 _ARG_FIELDS = ("num_bits", "type", "strategy", "symmetric", "dynamic")
 
 
@@ -103,12 +89,7 @@ def _signature(args: dict | None) -> tuple | None:
 def shipped_schemes(quantization_config: dict) -> list[str] | None:
     """The shipped preset each config group of a checkpoint is, or None when any group is not
     one (other bit widths, types or strategies, or a group size no recipe picks)."""
-    from compressed_tensors.quantization import preset_name_to_scheme
-
-    from quantkit.precision.mixed import high_scheme
-
-    schemes = [(name, preset_name_to_scheme(name, ["Linear"])) for name in SHIPPED_PRESETS]
-    schemes += [(name, high_scheme(name, ["Linear"])) for name in SHIPPED_PROMOTED]
+    schemes = [(name, preset_scheme(name, ["Linear"])) for name in SHIPPED_PRESETS]
     presets = {}
     for name, scheme in schemes:
         dumped = scheme.model_dump(mode="json")
