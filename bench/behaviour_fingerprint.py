@@ -11,7 +11,9 @@ config.json, recipe.yaml) as JSON. Run it before and after a change and compare:
 
 Only the CLI is called (its interface is what a restructure keeps), each step in its own process.
 Files whose text records a time, a path or quantkit's own commit (quantkit.json, the model card,
-report.md) are left out; what they derive from is hashed.
+report.md) are left out; what they derive from is hashed. The calibration set's JSON names its
+inputs by absolute path and records their mtimes: it is hashed with the scratch folder written as
+<work> and the mtimes (and the raw hash of samples.jsonl) dropped, so two scratch folders compare equal.
 """
 
 from __future__ import annotations
@@ -50,8 +52,30 @@ def recipes() -> list[str]:
     return sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml") if p.stem != "targets")
 
 
-def calibration_hashes(calib: Path) -> dict[str, str]:
-    hashes = {name: sha256(calib / name) for name in CALIB_FILES}
+# mtimes differ between scratch folders; samples_sha256 hashes samples.jsonl with its absolute paths
+# (samples.jsonl itself is hashed, normalised).
+UNSTABLE_KEYS = ("mtime_ns", "samples_sha256")
+
+
+def without_unstable_keys(value):
+    if isinstance(value, dict):
+        return {k: without_unstable_keys(v) for k, v in value.items() if k not in UNSTABLE_KEYS}
+    if isinstance(value, list):
+        return [without_unstable_keys(v) for v in value]
+    return value
+
+
+def calibration_file_hash(path: Path, work: Path) -> str:
+    """The hash of a calibration JSON/JSONL file, independent of where the scratch folder lies."""
+    text = path.read_text().replace(str(work.resolve()), "<work>")
+    records = ([json.loads(line) for line in text.splitlines() if line.strip()] if path.suffix == ".jsonl"
+               else [json.loads(text)])
+    canonical = "\n".join(json.dumps(without_unstable_keys(record), sort_keys=True) for record in records)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def calibration_hashes(calib: Path, work: Path) -> dict[str, str]:
+    hashes = {name: calibration_file_hash(calib / name, work) for name in CALIB_FILES}
     for media in sorted(p for p in calib.rglob("*") if p.is_file() and p.parent != calib):
         hashes[str(media.relative_to(calib))] = sha256(media)
     return hashes
@@ -76,7 +100,7 @@ def fingerprint(work: Path) -> dict:
     if not calib.exists():
         quantkit("calibrate", str(work / "pool" / "pool.jsonl"), "--output", str(calib), "--size", "48",
                  "--model", str(work / "tiny-qwen2.5-omni"), "--max-seq-len", "1024")
-    result = {"calibration set": calibration_hashes(calib), "checkpoints": {}}
+    result = {"calibration set": calibration_hashes(calib, work), "checkpoints": {}}
     runs = [(name, ["--recipe", name]) for name in recipes()] + list(VARIANTS)
     for model in MODELS:
         for name, options in runs:
