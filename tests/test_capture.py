@@ -264,7 +264,6 @@ def test_quantize_gives_the_int4_weights_llmcompressor_gives_on_the_whole_model(
     from torch.utils.data import DataLoader
 
     from quantkit.models.inputs import processor_inputs
-    from quantkit.recipes.modifiers import preset_name
 
     model_dir = zoo_model(name)
     samples, labels = samples_for(name, media)  # text rows too: their inputs hold no media
@@ -279,7 +278,7 @@ def test_quantize_gives_the_int4_weights_llmcompressor_gives_on_the_whole_model(
     model = adapter.load_model(model_dir, dtype=torch.float32)
     targets = resolve_targets(model, adapter)
     modifier = GPTQModifier(
-        scheme=preset_name(recipe),
+        scheme=recipe.preset,
         targets=targets.targets,
         ignore=targets.ignore,
         actorder=recipe.actorder,
