@@ -183,9 +183,8 @@ def _serving(preset: str) -> str:
 def _algorithms(scheme: dict) -> str:
     """What the resolved scheme (quantkit.json) ran besides rounding, as the card's format line says it."""
     gptq, smoothquant = scheme.get("gptq"), scheme.get("smoothquant")
-    return (
-        (f", GPTQ (actorder {gptq['actorder']}, dampening {gptq['dampening_frac']})" if gptq else "")
-        + (f", SmoothQuant strength {smoothquant['strength']}" if smoothquant else "")
+    return (f", GPTQ (actorder {gptq['actorder']}, dampening {gptq['dampening_frac']})" if gptq else "") + (
+        f", SmoothQuant strength {smoothquant['strength']}" if smoothquant else ""
     )
 
 

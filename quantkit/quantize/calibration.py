@@ -57,7 +57,9 @@ def _modifiers(resolved: ResolvedRecipe, adapter: Adapter) -> list:
     return build_modifiers(
         resolved,
         smoothquant_mappings=[m.as_library_mapping() for m in adapter.smoothquant_mappings],
-        awq_mappings=[m.as_library_mapping() for m in adapter.awq_mappings] if resolved.awq is not None else None,
+        awq_mappings=[m.as_library_mapping() for m in adapter.awq_mappings]
+        if resolved.awq is not None
+        else None,
     )
 
 

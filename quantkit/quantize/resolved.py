@@ -233,7 +233,9 @@ def build_modifiers(
         if not smoothquant_mappings:
             raise ValueError("this recipe uses SmoothQuant but the adapter has no smoothquant_mappings")
         modifiers.append(
-            SmoothQuantModifier(smoothing_strength=resolved.smoothquant["strength"], mappings=smoothquant_mappings)
+            SmoothQuantModifier(
+                smoothing_strength=resolved.smoothquant["strength"], mappings=smoothquant_mappings
+            )
         )
     if resolved.awq is not None:
         from llmcompressor.modifiers.transform.awq import AWQModifier

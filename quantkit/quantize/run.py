@@ -201,7 +201,9 @@ def _rank_layers(loaded: LoadedModel, adapter, rows, context, model_dir, *, coun
     """The --avg-bits ranking, measured by rank 0 (one ranking for every rank)."""
     table = None
     if context is None or context.is_main:
-        table = measure_sensitivity_for(loaded.model, adapter, loaded.resolved, rows, count, progress, method=method)
+        table = measure_sensitivity_for(
+            loaded.model, adapter, loaded.resolved, rows, count, progress, method=method
+        )
         table.model, table.architecture = str(model_dir), model_architecture(model_dir)
     return broadcast_from_main(table, context)
 
