@@ -553,7 +553,6 @@ def rtn_run(folder, adapter, table, ref: Reference, selection: str | None) -> di
     memory and score: a cheap check of the selection rule."""
     from quantkit.models.targets import resolve_targets
     from quantkit.precision.mixed import plan_precision
-    from quantkit.recipes.modifiers import weight_args
     from quantkit.sensitivity import fake_quantized, scheme_args
 
     model = adapter.load_model(folder, dtype=torch.float32)
@@ -568,7 +567,8 @@ def rtn_run(folder, adapter, table, ref: Reference, selection: str | None) -> di
         selection=selection or "density",
         root="model",
     )
-    low, high = weight_args(recipe, plan.group_size), scheme_args("W8A16")
+    low = recipe.spec.weight_args(symmetric=recipe.symmetric, group_size=plan.group_size)
+    high = scheme_args("W8A16")
     layer_args = {n: high if n in plan.high else low for n in targets.quantize}
     with fake_quantized(model, layer_args):
         result = score(model, ref)
@@ -905,14 +905,18 @@ GOALS = (
 )
 
 
+def preset_dict(recipe) -> dict:
+    """The recipe's scheme as the scheme table has it (``weights`` / ``input_activations``, as dicts)."""
+    scheme = recipe.spec.scheme(["Linear"], symmetric=recipe.symmetric)
+    return scheme.model_dump(mode="json", exclude_none=True, exclude={"targets"})
+
+
 def scheme_class(name: str, variants: dict) -> tuple[str, str] | None:
     """A quantkit run's scheme class ("W4A16": 4-bit weights, 16-bit activations) and its preset
     in words ("NVFP4A16: fp4 weights, 16-bit activations"), from the recipe; None for other runs."""
-    from quantkit.recipes.modifiers import resolved_scheme
-
     if not name.startswith("quantkit-"):
         return None
-    scheme = resolved_scheme(run_recipe(name, variants))
+    scheme = preset_dict(run_recipe(name, variants))
     weights, acts = scheme["weights"], scheme.get("input_activations")
     wbits, abits = weights["num_bits"], acts["num_bits"] if acts else 16
     kind = {"float": "fp", "int": "int"}
@@ -1089,12 +1093,11 @@ def run_scheme(name: str, variants: dict) -> dict | None:
     fixed-width presets; None for the rest."""
     from compressed_tensors.quantization import preset_name_to_scheme
 
-    from quantkit.recipes.modifiers import resolved_scheme
     from quantkit.recipes.schema import GROUP_SCHEMES
 
     if name.startswith("quantkit-"):
         recipe = run_recipe(name, variants)
-        return None if recipe.scheme in GROUP_SCHEMES else resolved_scheme(recipe)
+        return None if recipe.scheme in GROUP_SCHEMES else preset_dict(recipe)
     if name in PLAIN_FIXED_PRESETS:
         return preset_name_to_scheme(PLAIN_FIXED_PRESETS[name], ["Linear"]).model_dump(mode="json", exclude_none=True)
     return None

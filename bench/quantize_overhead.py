@@ -54,7 +54,6 @@ def plain_plan(model_dir: Path) -> dict:
     from quantkit.models.adapters import adapter_for
     from quantkit.models.targets import resolve_targets
     from quantkit.recipes import resolve_recipe
-    from quantkit.recipes.modifiers import preset_name
 
     adapter = adapter_for(model_dir)
     recipe = resolve_recipe(RECIPE)
@@ -62,7 +61,7 @@ def plain_plan(model_dir: Path) -> dict:
     if adapter.pipeline != "sequential":
         raise SystemExit(f"{model_dir.name}: the plain script here mirrors the sequential pipeline only")
     return {
-        "scheme": preset_name(recipe),  # W4A16_ASYM: the shipped w4a16 has zero points
+        "scheme": recipe.preset,  # W4A16_ASYM: the shipped w4a16 has zero points
         "actorder": recipe.actorder,
         "dampening_frac": recipe.dampening_frac,
         "weight_observer": recipe.weight_observer,  # the shipped w4a16's imatrix_mse: same work
@@ -200,8 +199,7 @@ def _instrument(spent: dict[str, float]) -> dict[str, int]:
     wrap(run, "adapter_for", "adapter lookup")
     for name in (
         "resolve_targets",
-        "precision_plan",
-        "check_group_divisibility",
+        "resolve",
         "check_smoothquant_mappings",
     ):
         wrap(run, name, "target planning and checks")

@@ -36,3 +36,19 @@ def zoo_model(tmp_path_factory):
         return built[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def resolve_on(zoo_model):
+    """Factory: ``resolve_on(recipe, "tiny-qwen3", avg_bits=4.5)`` is ``recipe`` resolved on that
+    zoo model from its config alone, as quantize resolves it before loading any weight."""
+
+    def get(recipe, name: str = "tiny-qwen3", **options):
+        from quantkit.models.adapters import adapter_for
+        from quantkit.quantize.preflight import resolve_from_config
+
+        folder = zoo_model(name)
+        resolved, _ = resolve_from_config(folder, recipe, adapter_for(folder, None), **options)
+        return resolved
+
+    return get

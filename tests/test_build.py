@@ -477,12 +477,12 @@ def test_a_library_error_of_the_plan_makes_the_size_unknown_and_the_build_goes_o
     """A library's error sizing a candidate (not the plan's own refusal) makes its size unknown:
     the candidate is still tried, last, its record says the plan failed and how, and the later
     targets are built (one target failing keeps the others)."""
-    import quantkit.quantize
+    import quantkit.quantize.preflight
 
-    def broken_plan(*args, **kwargs):  # the ordering's plan only; quantize plans for itself
+    def broken_plan(*args, **kwargs):  # the ordering's resolution only; quantize resolves for itself
         raise KeyError("model_type")
 
-    monkeypatch.setattr(quantkit.quantize, "plan", broken_plan)
+    monkeypatch.setattr(quantkit.quantize.preflight, "resolve_from_config", broken_plan)
     file = _no_calib_targets(tmp_path, {"a": ["fp8-dynamic"], "b": ["fp8-block"]})
     report = build_checkpoints(zoo_model("tiny-qwen3"), tmp_path / "out", ["a", "b"], targets_file=file)
     assert [t.name for t in report.targets] == ["a", "b"]
@@ -494,12 +494,12 @@ def test_a_library_error_of_the_plan_makes_the_size_unknown_and_the_build_goes_o
 
 
 def test_out_of_memory_in_the_plan_is_raised(zoo_model, tmp_path, monkeypatch):
-    import quantkit.quantize
+    import quantkit.quantize.preflight
 
     def exhausted(*args, **kwargs):
         raise MemoryError("exhausted")
 
-    monkeypatch.setattr(quantkit.quantize, "plan", exhausted)
+    monkeypatch.setattr(quantkit.quantize.preflight, "resolve_from_config", exhausted)
     file = _no_calib_targets(tmp_path, {"a": ["fp8-dynamic"]})
     with pytest.raises(MemoryError, match="exhausted"):
         build_checkpoints(zoo_model("tiny-qwen3"), tmp_path / "out", ["a"], targets_file=file)

@@ -124,6 +124,7 @@ def test_captured_inputs_give_smoothquant_and_gptq_the_whole_models_statistics(z
     from quantkit.features.processor import calibration_loader
     from quantkit.quantize.calibration import _modifiers
     from quantkit.quantize.pipelines import run_oneshot
+    from quantkit.quantize.resolved import resolve
 
     name = "tiny-qwen2.5-omni"
     samples, labels = samples_for(name, media)
@@ -140,7 +141,15 @@ def test_captured_inputs_give_smoothquant_and_gptq_the_whole_models_statistics(z
 
     def calibrated(pipeline: str, **options) -> dict[str, torch.Tensor]:
         model = adapter.load_model(zoo_model(name), dtype=torch.float32)
-        modifiers = _modifiers(recipe, adapter, resolve_targets(model, adapter))
+        resolved = resolve(
+            recipe,
+            model,
+            adapter,
+            resolve_targets(model, adapter),
+            model_dir=zoo_model(name),
+            saved_dtype=torch.float32,
+        )
+        modifiers = _modifiers(resolved, adapter)
         if pipeline == "sequential":
             layers = list(decoder_layers(model, adapter))
             rows = capture_decoder_inputs(model, adapter, prepared.rows, layer_names=layers).rows
@@ -264,7 +273,6 @@ def test_quantize_gives_the_int4_weights_llmcompressor_gives_on_the_whole_model(
     from torch.utils.data import DataLoader
 
     from quantkit.models.inputs import processor_inputs
-    from quantkit.recipes.modifiers import preset_name
 
     model_dir = zoo_model(name)
     samples, labels = samples_for(name, media)  # text rows too: their inputs hold no media
@@ -279,7 +287,7 @@ def test_quantize_gives_the_int4_weights_llmcompressor_gives_on_the_whole_model(
     model = adapter.load_model(model_dir, dtype=torch.float32)
     targets = resolve_targets(model, adapter)
     modifier = GPTQModifier(
-        scheme=preset_name(recipe),
+        scheme=recipe.preset,
         targets=targets.targets,
         ignore=targets.ignore,
         actorder=recipe.actorder,

@@ -56,7 +56,7 @@ def _metadata(model: str, vision: str | None, audio: str | None, scheme: str = "
         "source": {"model": model, "architecture": "X"},
         "adapter": {"vision_tower": vision, "audio_tower": audio},
         "recipe": {"name": "w4a16", "method": "gptq"},
-        "resolved_scheme": {"preset": scheme},
+        "resolved_scheme": {"preset": scheme, "gptq": {"actorder": "static", "dampening_frac": 0.01}},
     }
 
 

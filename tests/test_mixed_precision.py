@@ -25,7 +25,8 @@ from quantkit.precision.mixed import (
 )
 from quantkit.precision.table import SensitivityRow, SensitivityTable, save_table
 from quantkit.quantize import plan, quantize
-from quantkit.recipes import Recipe, build_modifiers, get_recipe, resolved_scheme
+from quantkit.quantize.resolved import build_modifiers
+from quantkit.recipes import Recipe, get_recipe
 from quantkit.sensitivity import sensitivity
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -407,7 +408,7 @@ def test_moe_experts_stay_symmetric_under_a_zero_point_recipe(zoo_model, tmp_pat
 # ------------------------------------------------------------------------------ recipe fields
 
 
-def test_gptq_settings_reach_the_modifier_through_config_groups():
+def test_gptq_settings_reach_the_modifier_through_config_groups(resolve_on):
     recipe = Recipe(
         name="x",
         hardware="any",
@@ -417,17 +418,19 @@ def test_gptq_settings_reach_the_modifier_through_config_groups():
         dampening_frac=0.05,
         group_size=64,
     )
-    from compressed_tensors.quantization import preset_name_to_scheme
-
-    groups = {"group_0": preset_name_to_scheme("W8A16", ["re:.*down_proj$"])}
-    (modifier,) = build_modifiers(recipe, targets=["Linear"], ignore=["lm_head"], config_groups=groups)
+    resolved = resolve_on(recipe)
+    assert resolved.config_groups  # the precision plan's groups carry the group size
+    (modifier,) = build_modifiers(resolved)
     assert (modifier.actorder, modifier.dampening_frac) == ("group", 0.05)
-    resolved = modifier.resolve_quantization_config()
-    assert resolved.config_groups["group_0"].weights.actorder == "group"
-    default = build_modifiers(get_recipe("w4a16"), targets=["Linear"], ignore=[])[0]
-    assert default.resolve_quantization_config().config_groups["group_0"].weights.actorder == "static"
-    assert resolved_scheme(recipe)["weights"]["group_size"] == 64
-    assert resolved_scheme(recipe)["gptq"] == {"actorder": "group", "dampening_frac": 0.05}
+    config = modifier.resolve_quantization_config()
+    assert {group.weights.actorder for group in config.config_groups.values()} == {"group"}
+    assert {group.weights.group_size for group in config.config_groups.values()} == {64}
+    default = build_modifiers(resolve_on(get_recipe("w4a16")))[0]
+    assert {g.weights.actorder for g in default.resolve_quantization_config().config_groups.values()} == {
+        "static"
+    }
+    assert resolved.to_dict()["weights"]["group_size"] == 64
+    assert resolved.to_dict()["gptq"] == {"actorder": "group", "dampening_frac": 0.05}
 
 
 @pytest.mark.parametrize(

@@ -227,8 +227,8 @@ def test_a_config_mixing_dense_and_sparse_layers_plans_each_kind_as_the_loaded_m
 
     from quantkit.models.loading import unfuse_experts
     from quantkit.models.targets import resolve_targets
-    from quantkit.quantize.plan import checkpoint_size_estimate, memory_plan, reduced_tree
-    from quantkit.quantize.preflight import precision_plan
+    from quantkit.quantize.plan import memory_plan, reduced_tree
+    from quantkit.quantize.resolved import resolve
 
     base = zoo_model("tiny-qwen3-omni-moe")
     config = transformers.AutoConfig.from_pretrained(base)
@@ -248,7 +248,7 @@ def test_a_config_mixing_dense_and_sparse_layers_plans_each_kind_as_the_loaded_m
     loaded = adapter.load_model(folder, dtype=torch.bfloat16)
     unfuse_experts(loaded)
     targets = resolve_targets(loaded, adapter)
-    precision = precision_plan(loaded, adapter, recipe, targets)
+    resolved = resolve(recipe, loaded, adapter, targets, model_dir=folder, saved_dtype=torch.bfloat16)
     full = memory_plan(
         loaded,
         adapter,
@@ -257,11 +257,12 @@ def test_a_config_mixing_dense_and_sparse_layers_plans_each_kind_as_the_loaded_m
         tokens,
         saved_dtype=torch.bfloat16,
         available=0,
-        checkpoint=checkpoint_size_estimate(loaded, targets, recipe, precision, torch.bfloat16, folder),
+        checkpoint=resolved.checkpoint_bytes,
         **common,
     )
     assert dry.memory == full.to_dict()
-    assert dry.counts == targets.counts() and dry.precision == precision.to_dict()
+    assert dry.counts == targets.counts() and dry.precision == resolved.precision.to_dict()
+    assert (dry.group_size, dry.checkpoint_format) == (resolved.group_size, resolved.checkpoint_format)
     # One estimate of the checkpoint's size: what the dry run prints twice is one figure.
     assert dry.checkpoint_bytes == full.disk["checkpoint"] == dry.memory["disk"]["checkpoint"]
     dense = [name for name in targets.quantize if ".layers.1.mlp." in name]

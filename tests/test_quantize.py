@@ -36,6 +36,7 @@ from quantkit.quantize import (
     check_scales,
     plan,
     quantize,
+    resolve,
     unfuse_experts,
 )
 from quantkit.recipes import SCHEME_FORMATS, Recipe, get_recipe, resolve_recipe
@@ -685,7 +686,10 @@ def test_check_catches_a_target_list_with_a_layer_dropped(zoo_model):
     dropped = "model.layers.2.mlp.down_proj"
     targets.quantize.remove(dropped)
     targets.ignore.append(dropped)
-    calibrate(model, None, adapter, get_recipe("fp8-dynamic"), targets, None, progress=False)
+    resolved = resolve(
+        get_recipe("fp8-dynamic"), model, adapter, targets, model_dir=model_dir, saved_dtype=torch.float32
+    )
+    calibrate(model, None, adapter, resolved, None, progress=False)
     with pytest.raises(CheckFailed) as err:
         check_quantized_modules(model, adapter)
     assert f"1 language-model Linear layer(s) left unquantized: {dropped}" in err.value.message
@@ -699,9 +703,11 @@ def test_check_scales_refuses_nonfinite_and_nonpositive_scales(zoo_model):
     adapter = adapter_for(model_dir)
     model = adapter.load_model(model_dir, dtype=torch.float32)
     unfuse_experts(model)
-    calibrate(
-        model, None, adapter, get_recipe("fp8-dynamic"), resolve_targets(model, adapter), None, progress=False
+    targets = resolve_targets(model, adapter)
+    resolved = resolve(
+        get_recipe("fp8-dynamic"), model, adapter, targets, model_dir=model_dir, saved_dtype=torch.float32
     )
+    calibrate(model, None, adapter, resolved, None, progress=False)
     assert check_scales(model) == 28  # one weight_scale per quantized Linear
     scale = model.get_submodule("model.layers.1.mlp.up_proj").weight_scale
     with torch.no_grad():

@@ -9,11 +9,8 @@ from pathlib import Path
 import pytest
 
 from quantkit.errors import InputError
-from quantkit.recipes import build_modifiers, get_recipe, load_recipe_file, resolved_scheme
-from quantkit.recipes.modifiers import weight_args
-
-TARGETS = [r"re:^model\.layers\.\d+\.mlp\.(gate_proj|up_proj|down_proj)$"]
-IGNORE = ["lm_head"]
+from quantkit.quantize.resolved import build_modifiers
+from quantkit.recipes import get_recipe, load_recipe_file
 
 
 def _imatrix(name: str = "w4a16"):
@@ -41,7 +38,7 @@ def _weight_observers(modifier) -> set[str]:
 
 
 @pytest.mark.parametrize("name", ["w4a16", "fp8-dynamic"])
-def test_imatrix_reaches_the_library_modifier(name: str):
+def test_imatrix_reaches_the_library_modifier(name: str, resolve_on):
     from llmcompressor.observers import IMatrixMSEObserver
 
     sq = [
@@ -50,41 +47,39 @@ def test_imatrix_reaches_the_library_modifier(name: str):
             r"re:^model\.layers\.\d+\.post_attention_layernorm$",
         ]
     ]
-    quantizer = build_modifiers(_imatrix(name), targets=TARGETS, ignore=IGNORE, smoothquant_mappings=sq)[-1]
+    quantizer = build_modifiers(resolve_on(_imatrix(name)), smoothquant_mappings=sq)[-1]
     assert _weight_observers(quantizer) == {"imatrix_mse"}
     assert quantizer.weight_observer == "imatrix_mse"
     assert _observer_class("imatrix_mse") is IMatrixMSEObserver
-    assert resolved_scheme(_imatrix(name))["weights"]["observer"] == "imatrix_mse"
+    assert resolve_on(_imatrix(name)).to_dict()["weights"]["observer"] == "imatrix_mse"
     # unset: the library's default observer, and no override on the modifier
     unset = get_recipe(name).model_copy(update={"weight_observer": None})
-    plain = build_modifiers(unset, targets=TARGETS, ignore=IGNORE, smoothquant_mappings=sq)[-1]
+    plain = build_modifiers(resolve_on(unset), smoothquant_mappings=sq)[-1]
     assert plain.weight_observer is None and _weight_observers(plain) != {"imatrix_mse"}
 
 
-def test_the_shipped_w4a16_calibrates_imatrix_scales_and_memoryless_minmax_turns_it_off():
+def test_the_shipped_w4a16_calibrates_imatrix_scales_and_memoryless_minmax_turns_it_off(resolve_on):
     """w4a16 ships with imatrix_mse (it beat plain GPTQ on SmolLM2-135M, bench/RESULTS.md); the
     recipe's documented way back to plain GPTQ's range reaches the library as that observer."""
     shipped = get_recipe("w4a16")
     assert shipped.weight_observer == "imatrix_mse" and shipped.needs_data
-    quantizer = build_modifiers(shipped, targets=TARGETS, ignore=IGNORE)[-1]
+    quantizer = build_modifiers(resolve_on(shipped))[-1]
     assert quantizer.weight_observer == "imatrix_mse" and _weight_observers(quantizer) == {"imatrix_mse"}
     off = shipped.model_copy(update={"weight_observer": "memoryless_minmax"})
-    quantizer = build_modifiers(off, targets=TARGETS, ignore=IGNORE)[-1]
+    quantizer = build_modifiers(resolve_on(off))[-1]
     assert _weight_observers(quantizer) == {"memoryless_minmax"}
-    assert resolved_scheme(off)["weights"]["observer"] == "memoryless_minmax"
+    assert resolve_on(off).to_dict()["weights"]["observer"] == "memoryless_minmax"
     # AWQ rescales the weights after the imatrix statistics are gathered: its recipe keeps the default
     assert get_recipe("w4a16-awq").weight_observer is None
 
 
-def test_imatrix_reaches_config_groups_and_token_weighted_gptq():
+def test_imatrix_reaches_config_groups_and_token_weighted_gptq(resolve_on):
     """The group size chosen for a model (config_groups) and the weighted GPTQ subclass keep it."""
-    from compressed_tensors.quantization import QuantizationScheme
-
     from quantkit.quantize.token_weights import weighted_gptq_modifier_class, with_token_weights
 
-    recipe = _imatrix()
-    groups = {"group_0": QuantizationScheme(targets=TARGETS, weights=weight_args(recipe, 64))}
-    (gptq,) = build_modifiers(recipe, targets=TARGETS, ignore=IGNORE, config_groups=groups)
+    resolved = resolve_on(_imatrix().model_copy(update={"group_size": 64}))
+    assert resolved.config_groups and resolved.group_size == 64
+    (gptq,) = build_modifiers(resolved)
     (weighted,) = with_token_weights([gptq], [])
     assert isinstance(weighted, weighted_gptq_modifier_class())
     for modifier in (gptq, weighted):

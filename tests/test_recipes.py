@@ -7,19 +7,16 @@ from pathlib import Path
 import pytest
 
 from quantkit.errors import InputError
+from quantkit.quantize.resolved import build_modifiers
 from quantkit.recipes import (
     SCHEME_FORMATS,
     Recipe,
-    build_modifiers,
     get_recipe,
     list_recipes,
     load_recipe_file,
     resolve_recipe,
-    resolved_scheme,
 )
 
-TARGETS = [r"re:^model\.layers\.\d+\.self_attn\.(q_proj|k_proj|v_proj|o_proj)$"]
-IGNORE = ["lm_head", r"re:^visual(\.|$)"]
 SQ_MAPPINGS = [
     [[r"re:^model\.layers\.\d+\.self_attn\.(q|k|v)_proj$"], r"re:^model\.layers\.\d+\.input_layernorm$"]
 ]
@@ -50,13 +47,13 @@ def test_recipe_settings_match_the_issue():
     assert not any(get_recipe(name).kv_cache_fp8 for name in ("w8a8-sq-gptq", "fp8", "fp8-dynamic", "w4a16"))
 
 
-def test_gptq_defaults_are_the_library_defaults():
+def test_gptq_defaults_are_the_library_defaults(resolve_on):
     from llmcompressor.modifiers.quantization import GPTQModifier
 
     library = GPTQModifier(scheme="W4A16", targets=["Linear"])
     recipe = Recipe(name="x", hardware="any", scheme="W4A16", method="gptq")
     assert recipe.dampening_frac == library.dampening_frac
-    built = build_modifiers(recipe, targets=TARGETS, ignore=IGNORE)[-1]
+    built = build_modifiers(resolve_on(recipe))[-1]
     # The library resolves its "static" sentinel default into the same activation ordering.
     assert built.resolve_quantization_config().config_groups["group_0"].weights.actorder == (
         library.resolve_quantization_config().config_groups["group_0"].weights.actorder
@@ -120,54 +117,59 @@ def test_inconsistent_recipes_are_rejected(tmp_path: Path, body: str, field: str
     assert field in err.value.message
 
 
-def test_w8a8_builds_smoothquant_then_gptq_on_the_given_targets():
+def test_w8a8_builds_smoothquant_then_gptq_on_the_resolved_targets(resolve_on):
     from llmcompressor.modifiers.quantization import GPTQModifier
     from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
 
-    smooth, gptq = build_modifiers(
-        get_recipe("w8a8-sq-gptq"), targets=TARGETS, ignore=IGNORE, smoothquant_mappings=SQ_MAPPINGS
-    )
+    resolved = resolve_on(get_recipe("w8a8-sq-gptq"))
+    smooth, gptq = build_modifiers(resolved, smoothquant_mappings=SQ_MAPPINGS)
     assert isinstance(smooth, SmoothQuantModifier) and smooth.smoothing_strength == 0.8
     assert smooth.mappings == SQ_MAPPINGS
     assert isinstance(gptq, GPTQModifier)
-    assert (gptq.targets, gptq.ignore, gptq.scheme) == (TARGETS, IGNORE, "W8A8")
+    assert (gptq.targets, gptq.ignore, gptq.scheme) == (
+        resolved.targets.targets,
+        resolved.targets.ignore,
+        "W8A8",
+    )
+    assert "lm_head" in gptq.ignore  # the model's own plan, never the library's "every Linear"
     assert gptq.kv_cache_scheme is None
 
 
-def test_smoothquant_without_mappings_is_refused():
+def test_smoothquant_without_mappings_is_refused(resolve_on):
     with pytest.raises(ValueError, match="smoothquant_mappings"):
-        build_modifiers(get_recipe("w8a8-sq-gptq"), targets=TARGETS, ignore=IGNORE)
+        build_modifiers(resolve_on(get_recipe("w8a8-sq-gptq")))
 
 
-def test_fp8_recipes_use_round_to_nearest():
+def test_fp8_recipes_use_round_to_nearest(resolve_on):
     from llmcompressor.modifiers.quantization import QuantizationModifier
 
     for name, scheme in (("fp8", "FP8"), ("fp8-dynamic", "FP8_DYNAMIC")):
-        (modifier,) = build_modifiers(get_recipe(name), targets=TARGETS, ignore=IGNORE)
+        (modifier,) = build_modifiers(resolve_on(get_recipe(name)))
         assert type(modifier) is QuantizationModifier and modifier.scheme == scheme
 
 
 @pytest.mark.parametrize("name", ["w8a8-sq-gptq", "fp8", "fp8-dynamic", "w4a16"])
-def test_kv_cache_option_adds_kv_cache_scheme(name: str):
+def test_kv_cache_option_adds_kv_cache_scheme(name: str, resolve_on):
     recipe = resolve_recipe(name, kv_cache_fp8=True)
     assert recipe.kv_cache_fp8 and recipe.needs_data  # static k/v scales come from data
-    quantizer = build_modifiers(recipe, targets=TARGETS, ignore=IGNORE, smoothquant_mappings=SQ_MAPPINGS)[-1]
+    resolved = resolve_on(recipe)
+    quantizer = build_modifiers(resolved, smoothquant_mappings=SQ_MAPPINGS)[-1]
     kv = quantizer.kv_cache_scheme
     assert (kv.num_bits, kv.type, kv.strategy, kv.dynamic) == (8, "float", "tensor", False)
     assert quantizer.resolve_quantization_config().kv_cache_scheme is not None
-    assert resolved_scheme(recipe)["kv_cache_scheme"]["num_bits"] == 8
-    assert "kv_cache_scheme" not in resolved_scheme(get_recipe(name))
+    assert resolved.to_dict()["kv_cache_scheme"]["num_bits"] == 8
+    assert "kv_cache_scheme" not in resolve_on(get_recipe(name)).to_dict()
 
 
-def test_resolved_scheme_reports_what_the_library_will_do():
-    w4 = resolved_scheme(get_recipe("w4a16"))
+def test_resolved_scheme_reports_what_the_library_will_do(resolve_on):
+    w4 = resolve_on(get_recipe("w4a16")).to_dict()
     assert w4["weights"]["num_bits"] == 4 and w4["weights"]["group_size"] == 128
     assert w4["format"] == SCHEME_FORMATS["W4A16"] == "pack-quantized"
     assert w4["gptq"] == {"actorder": "static", "dampening_frac": 0.01}
-    w8 = resolved_scheme(get_recipe("w8a8-sq-gptq"))
+    w8 = resolve_on(get_recipe("w8a8-sq-gptq")).to_dict()
     assert w8["input_activations"]["dynamic"] is True and w8["input_activations"]["strategy"] == "token"
     assert w8["smoothquant"] == {"strength": 0.8}
-    fp8 = resolved_scheme(get_recipe("fp8"))
+    fp8 = resolve_on(get_recipe("fp8")).to_dict()
     assert fp8["input_activations"]["dynamic"] is False and fp8["weights"]["strategy"] == "tensor"
 
 
@@ -201,9 +203,9 @@ def test_scheme_table_states_the_library_presets_facts_as_the_library_has_them()
         assert preset_scheme(preset, ["Linear"]).weights is not None
 
 
-def test_pinned_format_is_on_the_scheme_the_modifier_gets():
+def test_pinned_format_is_on_the_scheme_the_modifier_gets(resolve_on):
     """W4AFP8: compressed-tensors would infer int-quantized; the table pins pack-quantized."""
     recipe = get_recipe("w4a8-fp8")
     assert recipe.spec.pin_format
-    (group,) = build_modifiers(recipe, targets=["Linear"], ignore=["lm_head"])[-1].config_groups.values()
+    (group,) = build_modifiers(resolve_on(recipe))[-1].config_groups.values()
     assert group.format == recipe.checkpoint_format == "pack-quantized"

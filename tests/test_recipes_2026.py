@@ -16,8 +16,8 @@ from test_mixed_precision import vllm_answer
 from test_verify import served_or_skip
 
 from quantkit.models import adapter_for, builtin_adapters
+from quantkit.quantize.resolved import build_modifiers
 from quantkit.recipes import SCHEME_FORMATS, get_recipe, list_recipes
-from quantkit.recipes.modifiers import build_modifiers, preset_name, resolved_scheme
 from quantkit.recipes.schemes import SCHEMES
 from quantkit.verify import audit_checkpoint
 from quantkit.verify.vllm_check import shipped_schemes, vllm_python
@@ -96,35 +96,41 @@ def test_new_recipes_are_listed_with_scheme_data_needs_and_format():
 
 
 @pytest.mark.parametrize("name", list(NEW_RECIPES))
-def test_new_recipes_are_the_library_presets(name):
+def test_new_recipes_are_the_library_presets(name, resolve_on):
     """quantkit.json reports the compressed-tensors preset itself, and llmcompressor gets its name."""
     from compressed_tensors.quantization import preset_name_to_scheme
 
     scheme = NEW_RECIPES[name][0]
     recipe = get_recipe(name)
-    targets = ["re:.*language_model.*"]
     awq = [m.as_library_mapping() for m in QWEN3.awq_mappings]
-    *_, modifier = build_modifiers(recipe, targets=targets, ignore=["lm_head"], awq_mappings=awq)
-    library = preset_name_to_scheme(preset_name(recipe), targets)  # W4A16 with zero points: W4A16_ASYM
+    resolved = resolve_on(recipe)  # on tiny-qwen3: every width takes the presets' groups
+    *_, modifier = build_modifiers(resolved, awq_mappings=awq)
+    targets = resolved.targets.targets
+    library = preset_name_to_scheme(recipe.preset, targets)  # W4A16 with zero points: W4A16_ASYM
     if SCHEMES[scheme].pin_format:  # the preset itself, with the format vLLM loads pinned on it
         (group,) = modifier.config_groups.values()
         assert group.format == SCHEMES[scheme].format == NEW_RECIPES[name][2]
         assert group.model_dump(exclude={"format"}) == library.model_dump(exclude={"format"})
+    elif resolved.precision is not None:  # W4A16: the preset's weights, with the group size chosen
+        (group,) = modifier.config_groups.values()
+        chosen = library.weights.model_copy(update={"group_size": resolved.group_size})
+        # (the library fills in its default observer on the modifier's copy)
+        assert group.weights.model_dump(exclude={"observer"}) == chosen.model_dump(exclude={"observer"})
     else:
-        assert modifier.scheme == preset_name(recipe)
+        assert modifier.scheme == recipe.preset
     preset = library.model_dump(mode="json", exclude_none=True)
-    resolved = resolved_scheme(recipe)
+    resolved = resolved.to_dict()
     assert resolved["preset"] == scheme and resolved["format"] == NEW_RECIPES[name][2]
     assert resolved["weights"] == preset["weights"]
     assert resolved.get("input_activations") == preset.get("input_activations")
     assert SCHEMES[scheme].card_serving
 
 
-def test_fp8_block_has_128x128_weight_blocks_and_nvfp4_a16_leaves_activations_alone():
-    block = resolved_scheme(get_recipe("fp8-block"))
+def test_fp8_block_has_128x128_weight_blocks_and_nvfp4_a16_leaves_activations_alone(resolve_on):
+    block = resolve_on(get_recipe("fp8-block")).to_dict()
     assert block["weights"]["strategy"] == "block" and block["weights"]["block_structure"] == [128, 128]
     assert block["input_activations"]["dynamic"] is True and block["input_activations"]["group_size"] == 128
-    fp4 = resolved_scheme(get_recipe("nvfp4-a16"))
+    fp4 = resolve_on(get_recipe("nvfp4-a16")).to_dict()
     assert (fp4["weights"]["num_bits"], fp4["weights"]["type"], fp4["weights"]["group_size"]) == (
         4,
         "float",
@@ -133,23 +139,26 @@ def test_fp8_block_has_128x128_weight_blocks_and_nvfp4_a16_leaves_activations_al
     assert "input_activations" not in fp4
 
 
-def test_awq_recipe_smooths_with_the_adapters_mappings_then_rounds_to_nearest():
+def test_awq_recipe_smooths_with_the_adapters_mappings_then_rounds_to_nearest(resolve_on):
     from llmcompressor.modifiers.quantization import QuantizationModifier
     from llmcompressor.modifiers.transform.awq import AWQMapping, AWQModifier
 
     recipe = get_recipe("w4a16-awq")
     assert (recipe.scheme, recipe.method, recipe.needs_data) == ("W4A16", "awq", True)
     mappings = [m.as_library_mapping() for m in QWEN3.awq_mappings]
-    awq, quantizer = build_modifiers(recipe, targets=["Linear"], ignore=["lm_head"], awq_mappings=mappings)
+    resolved = resolve_on(recipe)
+    awq, quantizer = build_modifiers(resolved, awq_mappings=mappings)
     assert isinstance(awq, AWQModifier) and type(quantizer) is QuantizationModifier
     assert awq.mappings == mappings and all(isinstance(m, AWQMapping) for m in awq.mappings)
-    assert quantizer.scheme == "W4A16_ASYM"  # llmcompressor's AWQ preset: zero points per group
+    assert resolved.preset == "W4A16_ASYM"  # llmcompressor's AWQ preset: zero points per group
+    (group,) = quantizer.config_groups.values()
+    assert group.weights.strategy == "group" and not group.weights.symmetric
     # The library's defaults, and quantkit.json says which.
     library = AWQModifier()
-    assert resolved_scheme(recipe)["awq"] == {"duo_scaling": library.duo_scaling, "n_grid": library.n_grid}
-    assert "gptq" not in resolved_scheme(recipe)
+    assert resolved.to_dict()["awq"] == {"duo_scaling": library.duo_scaling, "n_grid": library.n_grid}
+    assert "gptq" not in resolved.to_dict()
     with pytest.raises(ValueError, match="awq_mappings"):
-        build_modifiers(recipe, targets=["Linear"], ignore=[])
+        build_modifiers(resolved)
 
 
 @pytest.mark.parametrize("name", list(ZOO))
@@ -301,7 +310,7 @@ def test_new_recipe_on_every_zoo_model(quantized, reference, zoo_model, media, n
     assert config["quantization_config"]["format"] == fmt == result.checkpoint_format
     # One preset; W4A16 with zero points is W4A16_ASYM, with MoE experts at the symmetric W4A16.
     shipped = shipped_schemes(config["quantization_config"])
-    assert shipped and set(shipped) <= {scheme, preset_name(get_recipe(recipe_name))}
+    assert shipped and set(shipped) <= {scheme, get_recipe(recipe_name).preset}
     if needs_data:  # GPTQ (w4a8-fp8), the activations' global scales (nvfp4), AWQ's statistics
         assert result.samples_used == len(test_quantize.calibration_samples(name, media)[0]) > 0
     else:
@@ -437,13 +446,12 @@ GROUP_ARGS = ("num_bits", "strategy", "group_size", "symmetric")
 
 def expected_kernel_args(recipe_name: str, result, module: str) -> dict:
     """The arguments vLLM should build layer ``module``'s scheme class with, from the
-    compressed-tensors scheme the recipe resolves to: the preset, with the group size quantize
-    chose for the model and the MoE experts' symmetric weights (quantkit.precision.mixed)."""
+    compressed-tensors scheme the recipe resolved to (quantkit.json): the preset, with the group
+    size quantize chose for the model and the MoE experts' symmetric weights (quantkit.precision.mixed)."""
     from quantkit.precision.mixed import four_bit_symmetric
 
     recipe = get_recipe(recipe_name)
-    group_size = result.precision.group_sizes([module])[module] if result.precision else None
-    scheme = resolved_scheme(recipe, group_size=group_size)
+    scheme = result.metadata["resolved_scheme"]
     weights, inputs = scheme["weights"], scheme.get("input_activations")
     label = SCHEMES[recipe.scheme].vllm_class
     if label.startswith("CompressedTensorsW4A4Fp4"):  # NVFP4: its groups of 16 are the class's own

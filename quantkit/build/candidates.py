@@ -177,19 +177,19 @@ class Candidates:
         return step
 
     def predicted_bytes(self, recipe_name: str, bits: float | None) -> int | None:
-        """The checkpoint size quantize's plan predicts from the config. None: the plan refuses the
-        recipe for this model (a QuantkitError, e.g. a width its blocks do not divide) or a
-        library's error fails it (out of memory / stack raised): why is in ``unplanned``, the
-        candidate is tried last and its build says why."""
-        from quantkit.quantize import plan
+        """The checkpoint size quantize predicts from the config (the recipe resolved on the meta
+        tree). None: the recipe is refused for this model (a QuantkitError, e.g. a width its
+        blocks do not divide) or a library's error fails it (out of memory / stack raised): why
+        is in ``unplanned``, the candidate is tried last and its build says why."""
+        from quantkit.quantize.preflight import resolve_from_config
         from quantkit.recipes import get_recipe
 
         if (recipe_name, bits) not in self.sizes:
             try:
-                planned = plan(
-                    self.model_dir, get_recipe(recipe_name), [], adapter=self.adapter, avg_bits=bits
+                resolved, _ = resolve_from_config(
+                    self.model_dir, get_recipe(recipe_name), self.adapter, avg_bits=bits
                 )
-                self.sizes[(recipe_name, bits)] = planned.checkpoint_bytes
+                self.sizes[(recipe_name, bits)] = resolved.checkpoint_bytes
             except QuantkitError as error:
                 self.sizes[(recipe_name, bits)] = None
                 self.unplanned[(recipe_name, bits)] = (

@@ -154,10 +154,10 @@ def base_model_id(source: str) -> tuple[str, bool]:
 def front_matter(metadata: dict) -> dict:
     """The YAML header the Hugging Face Hub reads (base model, relation, library, tags, pipeline)."""
     adapter = metadata.get("adapter") or {}
-    scheme = metadata["resolved_scheme"]["preset"]
+    scheme = metadata["resolved_scheme"]
     base, _ = base_model_id(metadata["source"]["model"])
-    tags = ["quantkit", "compressed-tensors", scheme.lower(), metadata["recipe"]["name"]]
-    if metadata["recipe"].get("method") == "gptq":
+    tags = ["quantkit", "compressed-tensors", scheme["preset"].lower(), metadata["recipe"]["name"]]
+    if "gptq" in scheme:
         tags.append("gptq")
     return {
         "base_model": base,
@@ -180,6 +180,14 @@ def _serving(preset: str) -> str:
     return f"Kernels: {text}." if text else ""
 
 
+def _algorithms(scheme: dict) -> str:
+    """What the resolved scheme (quantkit.json) ran besides rounding, as the card's format line says it."""
+    gptq, smoothquant = scheme.get("gptq"), scheme.get("smoothquant")
+    return (f", GPTQ (actorder {gptq['actorder']}, dampening {gptq['dampening_frac']})" if gptq else "") + (
+        f", SmoothQuant strength {smoothquant['strength']}" if smoothquant else ""
+    )
+
+
 def render_model_card(metadata: dict) -> str:
     recipe = metadata["recipe"]
     scheme = metadata["resolved_scheme"]
@@ -194,18 +202,10 @@ def render_model_card(metadata: dict) -> str:
         "## Format",
         "",
         f"- compressed-tensors format `{metadata['checkpoint_format']}`, scheme `{scheme['preset']}`"
-        + (
-            f", GPTQ (actorder {recipe['actorder']}, dampening {recipe['dampening_frac']})"
-            if recipe["method"] == "gptq"
-            else ""
-        )
-        + (
-            f", SmoothQuant strength {recipe['smoothquant_strength']}"
-            if recipe.get("smoothquant_strength")
-            else ""
-        )
+        + _algorithms(scheme)
+        # the observer the recipe chose (the resolved scheme names the library's default too)
         + (f", weight observer {recipe['weight_observer']}" if recipe.get("weight_observer") else "")
-        + (", FP8 KV cache" if recipe.get("kv_cache_fp8") else ""),
+        + (", FP8 KV cache" if scheme.get("kv_cache_scheme") else ""),
         f"- intended hardware: {recipe['hardware']}",
         f"- unquantized tensors stored as {metadata['dtypes']['saved']}",
         "",

@@ -13,14 +13,13 @@ from quantkit.errors import InputError
 from quantkit.features.capture import capture_decoder_inputs, decoder_loader
 from quantkit.features.processor import FeatureRow, PreparedFeatures, calibration_loader
 from quantkit.models.adapters import Adapter
-from quantkit.models.targets import TargetPlan, decoder_layers
-from quantkit.precision.mixed import PrecisionPlan
+from quantkit.models.targets import decoder_layers
 from quantkit.progress import calibration_spinner, sample_bar
 from quantkit.quantize.pipelines import run_oneshot
 from quantkit.quantize.probe import CalibrationProbe
+from quantkit.quantize.resolved import ResolvedRecipe, build_modifiers
 from quantkit.quantize.spill import spilled_activations
 from quantkit.quantize.token_weights import sample_weights, weights_summary, with_token_weights
-from quantkit.recipes import Recipe, build_modifiers
 
 # The --avg-bits ranking (when no table is given): fusion units (what gets promoted) on a
 # stratified subsample of the calibration rows, text cut short, KL estimated to second order from
@@ -54,19 +53,13 @@ def sensitivity_rows(rows: list[FeatureRow], labels: list[str], count: int) -> l
     return chosen
 
 
-def _modifiers(
-    recipe: Recipe, adapter: Adapter, targets: TargetPlan, config_groups: dict | None = None
-) -> list:
-    mappings = [m.as_library_mapping() for m in adapter.smoothquant_mappings]
+def _modifiers(resolved: ResolvedRecipe, adapter: Adapter) -> list:
     return build_modifiers(
-        recipe,
-        targets=targets.targets,
-        ignore=targets.ignore,
-        smoothquant_mappings=mappings,
+        resolved,
+        smoothquant_mappings=[m.as_library_mapping() for m in adapter.smoothquant_mappings],
         awq_mappings=[m.as_library_mapping() for m in adapter.awq_mappings]
-        if recipe.method == "awq"
+        if resolved.awq is not None
         else None,
-        config_groups=config_groups,
     )
 
 
@@ -85,25 +78,23 @@ def calibrate(
     model: torch.nn.Module,
     processor,
     adapter: Adapter,
-    recipe: Recipe,
-    targets: TargetPlan,
+    resolved: ResolvedRecipe,
     prepared: PreparedFeatures | None,
     *,
     progress: bool = True,
-    config_groups: dict | None = None,
     cache_dir: Path | None = None,
     fingerprint: str | None = None,
     spill_folder: Path | None = None,
 ) -> CalibrationProbe:
-    """Run the recipe's modifiers under counting hooks; verify the hooks when data was used.
-    ``config_groups`` (from a PrecisionPlan) replace the recipe's preset scheme.
+    """Run the resolved recipe's modifiers under counting hooks; verify the hooks when data was used.
 
     With the ``sequential`` pipeline the decoder's inputs are captured first (towers once per
     sample, none for samples ``cache_dir`` already holds; ``fingerprint`` is the processor's)
     and the decoder alone is calibrated on them; ``probe.capture`` says what ran. With
     ``spill_folder`` the captured inputs and the activation cache live in memory-mapped files
     there (``probe.spill`` says how much)."""
-    modifiers = _modifiers(recipe, adapter, targets, config_groups)
+    recipe = resolved.recipe
+    modifiers = _modifiers(resolved, adapter)
     weights_record = None
     if recipe.token_weights is not None and prepared is not None:
         vectors = sample_weights(
@@ -163,28 +154,27 @@ def calibrate(
 def measure_sensitivity_for(
     model: torch.nn.Module,
     adapter: Adapter,
-    targets: TargetPlan,
+    resolved: ResolvedRecipe,
     rows: list[FeatureRow],
-    precision: PrecisionPlan,
     count: int,
     progress: bool,
     *,
     method: str = SENSITIVITY_METHOD,
 ):
     """The --avg-bits ranking, measured on the loaded (calibration-dtype) model with the 4-bit
-    scheme and group size of the run's precision plan (its candidates when none fits: the
-    measurement refuses that); the weights are restored afterwards."""
+    scheme and group size of the resolved recipe's precision plan (its candidates when none
+    fits: the measurement refuses that); the weights are restored afterwards."""
     from quantkit.sensitivity.run import measure_loaded, scheme_args
 
     if not rows:
         raise InputError("--avg-bits ranks layers on calibration samples and none were usable")
     rows = sensitivity_rows(rows, [row.label for row in rows], count)
-    group = precision.group_size
+    precision, group = resolved.precision, resolved.group_size
     return measure_loaded(
         model,
         adapter,
         rows,
-        names=targets.quantize,
+        names=resolved.targets.quantize,
         args=scheme_args(precision.low_scheme, group),
         candidates=(group,) if group else precision.candidates,
         scheme=precision.low_scheme,

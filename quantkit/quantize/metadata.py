@@ -16,7 +16,7 @@ from quantkit.models.adapters import Adapter
 from quantkit.precision.mixed import PrecisionPlan
 from quantkit.quantize.distributed import DistContext, gather
 from quantkit.quantize.probe import CalibrationProbe
-from quantkit.recipes import Recipe, resolved_scheme
+from quantkit.quantize.resolved import ResolvedRecipe
 
 
 @dataclass
@@ -114,7 +114,7 @@ def build_metadata(
     result: QuantizeResult,
     model_dir: Path,
     adapter: Adapter,
-    recipe: Recipe,
+    resolved: ResolvedRecipe,
     rows: list,
     calib_info: dict | None,
     dtypes: tuple[torch.dtype, torch.dtype],
@@ -122,7 +122,7 @@ def build_metadata(
     max_seq_len: int | None,
 ) -> dict:
     """The content of quantkit.json."""
-    precision = result.precision
+    recipe, precision = resolved.recipe, resolved.precision
     towers = {
         kind: result.calibration_calls.get(path, 0)
         for kind, path in (("vision", adapter.vision_tower), ("audio", adapter.audio_tower))
@@ -136,7 +136,7 @@ def build_metadata(
         "recipe": recipe.model_dump(
             mode="json", exclude={"token_weights"} if recipe.token_weights is None else None
         ),
-        "resolved_scheme": resolved_scheme(recipe, group_size=precision.group_size if precision else None),
+        "resolved_scheme": resolved.to_dict(),
         "precision": precision.to_dict() if precision else None,
         "checkpoint_format": result.checkpoint_format,
         "libraries": library_versions(),

@@ -15,24 +15,11 @@ from quantkit.modelfiles import check_model_folder
 from quantkit.models.adapters import Adapter, adapter_for, model_architecture
 from quantkit.models.inputs import Sample
 from quantkit.models.loading import saved_dtype, unfuse_experts_on_meta
-from quantkit.models.targets import (
-    TargetPlan,
-    check_awq_mappings,
-    check_group_divisibility,
-    decoder_layers,
-    language_model_root,
-    resolve_targets,
-)
-from quantkit.precision.mixed import PrecisionPlan, check_avg_bits, plan_precision
-from quantkit.quantize.plan import (
-    ExpandedTree,
-    LayerKinds,
-    checkpoint_size_estimate,
-    expand_targets,
-    memory_plan,
-    reduced_tree,
-)
-from quantkit.recipes import Recipe, resolved_scheme
+from quantkit.models.targets import TargetPlan, check_awq_mappings, resolve_targets
+from quantkit.precision.mixed import check_avg_bits
+from quantkit.quantize.plan import LayerKinds, memory_plan, reduced_tree
+from quantkit.quantize.resolved import ResolvedRecipe, resolve
+from quantkit.recipes import Recipe
 from quantkit.recipes.schema import GROUP_SCHEMES
 
 
@@ -53,11 +40,6 @@ def refuse_known_failure(adapter: Adapter, recipe: Recipe, *, allow: bool) -> No
             hint="choose another recipe (e.g. w4a16 or fp8-dynamic); override the refusal (allow_known_failure) "
             "only if something other than transformers will load the checkpoint",
         )
-
-
-def group_size(recipe: Recipe) -> int | None:
-    """The recipe's own group size (its preset's when it sets none); quantize chooses per model."""
-    return resolved_scheme(recipe).get("weights", {}).get("group_size")
 
 
 def with_options(recipe: Recipe, *, group_size: int | None = None) -> Recipe:
@@ -81,64 +63,6 @@ def with_options(recipe: Recipe, *, group_size: int | None = None) -> Recipe:
         raise InputError(f"--group-size {group_size}: {err}") from None
 
 
-def check_group_size_fits(model: torch.nn.Module, targets: TargetPlan, recipe: Recipe) -> None:
-    """A chosen group size (--group-size or the recipe's) that divides no targeted layer would
-    turn a 4-bit run into an all-8-bit model: refuse it, naming sizes that fit."""
-    group = recipe.group_size
-    if group is None or not recipe.spec.group_size_per_model or not targets.quantize:
-        return
-    modules = dict(model.named_modules())
-    widths = sorted({modules[name].in_features for name in targets.quantize if name in modules})
-    if not widths or any(width % group == 0 for width in widths):
-        return
-    fitting = [g for g in (128, 64, 32, 16, 8) if all(width % g == 0 for width in widths)]
-    message = (
-        f"group size {group} divides none of the targeted layers' input widths "
-        f"({', '.join(map(str, widths))}): every layer would stay at 8 bits, not the recipe's 4"
-    )
-    hint = (
-        f"pass --group-size (or set the recipe's group_size) to one that divides them "
-        f"({', '.join(map(str, fitting[:3]))})"
-        if fitting
-        else "leave the group size out, or use an 8-bit recipe"
-    )
-    raise InputError(message, hint=hint)
-
-
-def check_fixed_widths_fit(
-    model: torch.nn.Module, targets: TargetPlan, recipe: Recipe, kinds: LayerKinds | None = None
-) -> None:
-    """Schemes whose weight groups or blocks have a width quantize does not choose per model
-    (W4AFP8's groups of 128, FP8_BLOCK's 128x128 blocks, NVFP4's groups of 16): a targeted layer
-    whose input width it does not divide fails deep inside llmcompressor's calibration (a raw
-    ``unflatten`` error on SmolLM2's 576 in-features). Refuse it first, from the config alone.
-    ``kinds``: ``model`` holds one decoder layer per kind; the message counts and names the full
-    model's layers."""
-    if recipe.spec.group_size_per_model:  # the group size is chosen per model (check_group_size_fits)
-        return
-    weights = resolved_scheme(recipe).get("weights") or {}
-    block = weights.get("block_structure")
-    width = block[1] if block else weights.get("group_size")
-    if not width:
-        return
-    modules = dict(model.named_modules())
-    bad = {
-        name: modules[name].in_features
-        for name in targets.quantize
-        if name in modules and modules[name].in_features % width
-    }
-    if kinds:
-        bad = kinds.expand(bad)
-    if bad:
-        unit = f"{block[0]}x{block[1]} blocks" if block else f"groups of {width}"
-        shown = ", ".join(f"{name} ({features})" for name, features in list(bad.items())[:5])
-        raise InputError(
-            f"recipe {recipe.name!r} quantizes weights in {unit}, and {len(bad)} language-model layer(s) "
-            f"have an input width {width} does not divide: {shown}" + (" ..." if len(bad) > 5 else ""),
-            hint="use w4a16 (its group size is chosen per model) or fp8-dynamic (one scale per output channel)",
-        )
-
-
 def media_folders(samples: list[Sample]) -> list[Path]:
     """The folders the samples' media files are in (inputs an output must not overlap)."""
     return sorted({Path(path).parent for s in samples for path in (*s.images, *s.videos, *s.audios)})
@@ -160,31 +84,6 @@ def _load_sensitivity(sensitivity):
     from quantkit.precision.table import SensitivityTable, load_table
 
     return sensitivity if isinstance(sensitivity, SensitivityTable) else load_table(Path(sensitivity))
-
-
-def precision_plan(
-    model: torch.nn.Module,
-    adapter: Adapter,
-    recipe: Recipe,
-    targets: TargetPlan,
-    *,
-    avg_bits: float | None = None,
-    sensitivity=None,
-    count_overhead: bool = False,
-) -> PrecisionPlan | None:
-    """Group size and 8-bit layers for a W4A16-family recipe (None for other schemes)."""
-    if not recipe.spec.group_size_per_model:
-        return None
-    root = language_model_root(list(decoder_layers(model, adapter)))
-    return plan_precision(
-        model,
-        targets.quantize,
-        recipe,
-        avg_bits=avg_bits,
-        sensitivity=sensitivity,
-        count_overhead=count_overhead,
-        root=root,
-    )
 
 
 def _modality_counts(samples: list[Sample]) -> dict[str, int]:
@@ -229,6 +128,44 @@ class QuantizePlan:
         return data
 
 
+@dataclass
+class ConfigTree:
+    """The model built from its config on the meta device, as the plan reads it: ``model`` holds
+    one decoder layer per kind when ``kinds`` is given (quantkit.quantize.plan.reduced_tree),
+    ``targets`` are its names."""
+
+    model: torch.nn.Module
+    targets: TargetPlan
+    kinds: LayerKinds | None
+
+
+def resolve_from_config(
+    model_dir: Path,
+    recipe: Recipe,
+    adapter: Adapter,
+    *,
+    avg_bits: float | None = None,
+    sensitivity=None,
+    count_overhead: bool = False,
+    light_imports: bool = False,
+) -> tuple[ResolvedRecipe, ConfigTree]:
+    """``recipe`` resolved on the model's meta tree (config.json alone: no weight is read), and
+    that tree. A wrong AWQ mapping, a group size or block width the layers do not take: refused."""
+    model = adapter.meta_model(model_dir, light_imports=light_imports)
+    # One decoder layer per kind (dense / sparse), multiplied: the same plan as the whole tree.
+    reduced = reduced_tree(model, adapter)
+    kinds = reduced[1] if reduced else None
+    unfuse_experts_on_meta(model, light_imports=light_imports)
+    targets = resolve_targets(model, adapter)
+    if recipe.method == "awq":  # a wrong mapping is bad input before any weight is read
+        check_awq_mappings(model, adapter)
+    resolved = resolve(
+        recipe, model, adapter, targets, model_dir=model_dir, saved_dtype=saved_dtype(model_dir),
+        avg_bits=avg_bits, sensitivity=sensitivity, count_overhead=count_overhead, kinds=kinds,
+    )  # fmt: skip
+    return resolved, ConfigTree(model, targets, kinds)
+
+
 def plan(
     model_dir: Path,
     recipe: Recipe,
@@ -261,65 +198,48 @@ def plan(
     adapter = adapter_for(model_dir, adapter)
     labels = _labels(samples, sample_labels)
     check_precision_options(recipe, avg_bits)
-    table = _load_sensitivity(sensitivity)
-    model = adapter.meta_model(model_dir, light_imports=light_imports)
-    # One decoder layer per kind (dense / sparse), multiplied: the same plan as the whole tree.
-    reduced = reduced_tree(model, adapter)
-    kinds = reduced[1] if reduced else None
-    unfuse_experts_on_meta(model, light_imports=light_imports)
-    kept_targets = resolve_targets(model, adapter)
-    if recipe.method == "awq":  # a wrong mapping is bad input before any weight is read
-        check_awq_mappings(model, adapter)
-    check_group_size_fits(model, kept_targets, recipe)
-    check_fixed_widths_fit(model, kept_targets, recipe, kinds)
-    targets = expand_targets(kept_targets, kinds) if kinds else kept_targets
-    tree = ExpandedTree(model, kinds) if kinds else model
+    resolved, tree = resolve_from_config(
+        model_dir, recipe, adapter, avg_bits=avg_bits, sensitivity=_load_sensitivity(sensitivity),
+        count_overhead=count_overhead, light_imports=light_imports,
+    )  # fmt: skip
     used = samples if recipe.needs_data else []
-    by_modality = _modality_counts(used)
-    precision = precision_plan(
-        tree, adapter, recipe, targets, avg_bits=avg_bits, sensitivity=table, count_overhead=count_overhead
-    )
-    if precision is not None:
-        check_group_divisibility(tree, precision.group_sizes(targets.quantize))
-    failure = adapter.known_failure(recipe.scheme)
     tokens = list(sample_tokens) if sample_tokens is not None else [None] * len(samples)
-    checkpoint = checkpoint_size_estimate(
-        model, kept_targets, recipe, precision, saved_dtype(model_dir), model_dir, avg_bits, kinds
-    )
     memory = memory_plan(
-        model,
+        tree.model,
         adapter,
         recipe,
-        kept_targets,
+        tree.targets,
         tokens[: len(used)],
         calibration_dtype=calibration_dtype or default_calibration_dtype(),
         saved_dtype=saved_dtype(model_dir),
         offload=offload,
         max_cpu_memory=max_cpu_memory,
-        checkpoint=checkpoint,
+        checkpoint=resolved.checkpoint_bytes,
         available=host_memory,
         device=device,
-        kinds=kinds,
+        kinds=tree.kinds,
     )
+    failure = adapter.known_failure(recipe.scheme)
+    precision = resolved.precision
     return QuantizePlan(
         model_dir=model_dir,
         architecture=model_architecture(model_dir),
         adapter=adapter.name,
         recipe=recipe.name,
         scheme=recipe.scheme,
-        checkpoint_format=precision.checkpoint_format if precision else recipe.checkpoint_format,
+        checkpoint_format=resolved.checkpoint_format,
         pipeline=adapter.pipeline if recipe.needs_data else "datafree",
         needs_data=recipe.needs_data,
-        counts=targets.counts(),
+        counts=resolved.targets.counts(),
         samples=len(used),
         samples_by_label=dict(Counter(labels[: len(used)])),
-        samples_by_modality=by_modality,
+        samples_by_modality=_modality_counts(used),
         known_failure=failure.reason if failure else None,
-        targets=targets.targets,
-        ignore=targets.ignore,
-        group_size=precision.group_size if precision else group_size(recipe),
+        targets=resolved.targets.targets,
+        ignore=resolved.targets.ignore,
+        group_size=resolved.group_size,
         precision=precision.to_dict() if precision else None,
-        checkpoint_bytes=checkpoint,
+        checkpoint_bytes=resolved.checkpoint_bytes,
         memory=memory.to_dict(),
     )
 

@@ -2,10 +2,11 @@
 
 Stages (each a plain function, called in this order):
   1. refuse known-bad combinations and a taken output, before any work   preflight
+     the recipe resolved on the config's meta tree: the checkpoint's size  preflight.resolve_from_config
   2. samples -> processor inputs (disk cache)            features.prepare_samples
-  3. load in float32, unfuse MoE experts, compute targets targets.resolve_targets
-     group size and 8-bit layers (W4A16 family; sensitivity   mixed.plan_precision
-     measured here for --avg-bits when no table is given)    calibration.measure_sensitivity_for
+  3. load in float32, unfuse MoE experts, resolve the    resolved.resolve
+     recipe on the model: targets, group size, 8-bit layers, config groups (W4A16 family:
+     resolved again once sensitivity is measured for --avg-bits)  calibration.measure_sensitivity_for
   4. oneshot under counting hooks                        calibration.calibrate
   5. prove: calibration reached every layer and tower    probe.verify
             exactly the language model is quantized      targets.check_quantized_modules
@@ -46,11 +47,10 @@ the measured peaks.
 from __future__ import annotations
 
 import contextlib
-import functools
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,18 +60,16 @@ from quantkit.errors import InputError
 from quantkit.export import join_compressed_save, peak_rss_mb, write_checkpoint
 from quantkit.features.processor import FeatureRow, PreparedFeatures, prepare_samples, processor_fingerprint
 from quantkit.fsutil import atomic_output_dir, check_output_free, output_lock
+from quantkit.modelfiles import check_model_folder
 from quantkit.models.adapters import Adapter, adapter_for, model_architecture
 from quantkit.models.inputs import Sample
 from quantkit.models.loading import saved_dtype, set_saved_dtype, unfuse_experts
 from quantkit.models.targets import (
-    TargetPlan,
     check_awq_mappings,
-    check_group_divisibility,
     check_quantized_modules,
     check_smoothquant_mappings,
     resolve_targets,
 )
-from quantkit.precision.mixed import PrecisionPlan
 from quantkit.precision.proof import check_assigned, order_config_groups
 from quantkit.quantize.calibration import (
     SENSITIVITY_METHOD,
@@ -95,9 +93,10 @@ from quantkit.quantize.metadata import (
     measured_memory,
     merge_ranks,
 )
-from quantkit.quantize.plan import MemoryPlan, checkpoint_size_estimate, memory_plan
-from quantkit.quantize.preflight import _labels, plan, precision_plan, refuse_bad_input
+from quantkit.quantize.plan import MemoryPlan, memory_plan
+from quantkit.quantize.preflight import _labels, refuse_bad_input, resolve_from_config
 from quantkit.quantize.probe import CalibrationProbe
+from quantkit.quantize.resolved import ResolvedRecipe, resolve
 from quantkit.quantize.scales import check_scales, check_source_weights
 from quantkit.recipes import Recipe
 
@@ -113,12 +112,10 @@ def _timed(stage_times: dict[str, float], stage: str) -> Iterator[None]:
 
 @dataclass
 class LoadedModel:
-    """The model in the calibration dtype with what was decided on it before calibrating."""
+    """The model in the calibration dtype with the recipe resolved on it before calibrating."""
 
     model: torch.nn.Module
-    targets: TargetPlan
-    precision: PrecisionPlan | None
-    plan_for: Callable  # the precision plan for a sensitivity table (--avg-bits)
+    resolved: ResolvedRecipe  # re-resolved once the --avg-bits ranking is measured
     memory: MemoryPlan
     saved_dtype: torch.dtype
     spill_folder: Path | None
@@ -157,8 +154,8 @@ def _load(
     table,
     spill: bool | None,
 ) -> LoadedModel:
-    """Load the model, resolve its targets, the group size and the layers no group size fits
-    (and the budget they alone take), check the recipe's mappings and plan the memory."""
+    """Load the model, resolve the recipe on it (targets, group size, the layers no group size
+    fits and the budget they alone take), check the recipe's mappings and plan the memory."""
     target_dtype = saved_dtype(model_dir)
     if offload not in (None, "cpu", "disk"):
         raise InputError(f"offload must be cpu or disk, not {offload!r}")
@@ -174,11 +171,10 @@ def _load(
     )
     check_source_weights(model, model_dir)
     unfuse_experts(model)
-    targets = resolve_targets(model, adapter)
-    plan_for = functools.partial(
-        precision_plan, model, adapter, recipe, targets, avg_bits=avg_bits, count_overhead=count_overhead
-    )
-    precision = plan_for(sensitivity=table)
+    resolved = resolve(
+        recipe, model, adapter, resolve_targets(model, adapter), model_dir=model_dir, saved_dtype=target_dtype,
+        avg_bits=avg_bits, sensitivity=table, count_overhead=count_overhead,
+    )  # fmt: skip
     if recipe.smoothquant_strength is not None:
         check_smoothquant_mappings(model, adapter)
     if recipe.method == "awq":
@@ -187,20 +183,18 @@ def _load(
         model,
         adapter,
         recipe,
-        targets,
+        resolved.targets,
         [row.tokens for row in prepared.rows] if prepared else [],
         calibration_dtype=calibration_dtype,
         saved_dtype=target_dtype,
         offload=offload,
         max_cpu_memory=max_cpu_memory,
-        checkpoint=checkpoint_size_estimate(
-            model, targets, recipe, precision, target_dtype, model_dir, avg_bits
-        ),
+        checkpoint=resolved.checkpoint_bytes,
     )
     spill_folder = None
     if prepared is not None and (memory.spill if spill is None else spill):
         spill_folder = output.parent / f".{output.name}.spill"
-    return LoadedModel(model, targets, precision, plan_for, memory, target_dtype, spill_folder)
+    return LoadedModel(model, resolved, memory, target_dtype, spill_folder)
 
 
 def _rank_layers(loaded: LoadedModel, adapter, rows, context, model_dir, *, count, method, progress):
@@ -208,34 +202,19 @@ def _rank_layers(loaded: LoadedModel, adapter, rows, context, model_dir, *, coun
     table = None
     if context is None or context.is_main:
         table = measure_sensitivity_for(
-            loaded.model,
-            adapter,
-            loaded.targets,
-            rows,
-            loaded.precision,
-            count,
-            progress,
-            method=method,
+            loaded.model, adapter, loaded.resolved, rows, count, progress, method=method
         )
         table.model, table.architecture = str(model_dir), model_architecture(model_dir)
     return broadcast_from_main(table, context)
 
 
-def _config_groups(loaded: LoadedModel) -> dict | None:
-    """The precision plan's config groups, after the final guard on its group sizes."""
-    if loaded.precision is None:
-        return None
-    check_group_divisibility(loaded.model, loaded.precision.group_sizes(loaded.targets.quantize))
-    return loaded.precision.config_groups()
-
-
 def _prove(loaded: LoadedModel, adapter: Adapter):
     """Exactly the language model quantized as planned, every scale finite and positive before
     and after the cast back to the checkpoint's dtype: (module summary, scales checked)."""
-    model = loaded.model
+    model, resolved = loaded.model, loaded.resolved
     summary = check_quantized_modules(model, adapter)
-    if loaded.precision is not None:
-        check_assigned(model, loaded.precision, loaded.targets.quantize)
+    if resolved.precision is not None:
+        check_assigned(model, resolved.precision, resolved.targets.quantize)
     check_scales(model)
     set_saved_dtype(model, loaded.saved_dtype)  # unquantized tensors go back to the checkpoint's own dtype
     return summary, check_scales(model)  # again: a cast must not have broken a scale
@@ -245,9 +224,7 @@ def collect_result(
     output: Path,
     model_dir: Path,
     adapter: Adapter,
-    recipe: Recipe,
-    targets,
-    precision: PrecisionPlan | None,
+    resolved: ResolvedRecipe,
     table,
     prepared,
     probe: CalibrationProbe,
@@ -274,8 +251,8 @@ def collect_result(
         output=output,
         architecture=model_architecture(model_dir),
         adapter=adapter.name,
-        recipe=recipe.name,
-        checkpoint_format=precision.checkpoint_format if precision else recipe.checkpoint_format,
+        recipe=resolved.recipe.name,
+        checkpoint_format=resolved.checkpoint_format,
         pipeline=adapter.pipeline if prepared else "datafree",
         samples_used=len(rows),
         samples_by_label=used_by_label,
@@ -284,13 +261,13 @@ def collect_result(
         preprocessed=processed,
         calibration_calls=calls,
         quantized_modules=summary.quantized,
-        kept_modules=targets.kept,
-        counts=targets.counts(),
+        kept_modules=resolved.targets.kept,
+        counts=resolved.targets.counts(),
         scales_checked=scales_checked,
         stage_times_s=stage_times,
         wall_time_s=0.0,
         peak_rss_mb=0.0,
-        precision=precision,
+        precision=resolved.precision,
         sensitivity=table,
         world_size=context.world_size if context else 1,
         samples_per_rank=per_rank,
@@ -307,7 +284,6 @@ def _write(
     probe,
     model_dir,
     adapter,
-    recipe,
     *,
     started,
     force,
@@ -317,7 +293,7 @@ def _write(
     with atomic_output_dir(result.output, force=force) as staging:
         result.wall_time_s = round(time.perf_counter() - started, 2)
         result.peak_rss_mb = peak_rss_mb()
-        result.metadata = build_metadata(result, model_dir, adapter, recipe, **record)
+        result.metadata = build_metadata(result, model_dir, adapter, loaded.resolved, **record)
         if adapter.serving is not None:
             result.metadata["serving_layout"] = adapter.serving.model_dump(mode="json")
         result.metadata["memory"] = {"plan": loaded.memory.to_dict(), "measured": measured_memory(probe)}
@@ -327,14 +303,14 @@ def _write(
             source=model_dir,
             metadata=result.metadata,
             expected_format=result.checkpoint_format,
-            kept=list(loaded.targets.kept),
+            kept=list(loaded.resolved.targets.kept),
             towers=[t for t in (adapter.vision_tower, adapter.audio_tower) if t],
         )
         if adapter.serving is not None:
             from quantkit.export.serving import write_serving_layout
 
             write_serving_layout(staging, adapter.serving)
-        if loaded.precision is not None and loaded.precision.mixed:
+        if loaded.resolved.precision is not None and loaded.resolved.precision.mixed:
             order_config_groups(staging)
 
 
@@ -380,9 +356,9 @@ def quantize(
         )  # fmt: skip
         # The model folder, the group size and the checkpoint's size, from the config alone; then
         # the output: writable, enough free space (a full disk found after hours of GPTQ is too late).
-        planned = plan(
-            model_dir, recipe, samples, sample_labels=labels, adapter=adapter, avg_bits=avg_bits,
-            sensitivity=table, count_overhead=count_overhead,
+        planned, _ = resolve_from_config(
+            check_model_folder(model_dir), recipe, adapter, avg_bits=avg_bits, sensitivity=table,
+            count_overhead=count_overhead,
         )  # fmt: skip
         check_output_free(output, force, need_bytes=planned.checkpoint_bytes)
         context = distributed or init_distributed()
@@ -412,18 +388,20 @@ def quantize(
                     loaded, adapter, ranking_rows, context, model_dir,
                     count=sensitivity_samples, method=sensitivity_method, progress=progress,
                 )  # fmt: skip
-            loaded.precision = loaded.plan_for(sensitivity=table)
-        config_groups = _config_groups(loaded)
+            loaded.resolved = resolve(  # the 8-bit layers follow from the ranking
+                recipe, loaded.model, adapter, loaded.resolved.targets, model_dir=model_dir,
+                saved_dtype=loaded.saved_dtype, avg_bits=avg_bits, sensitivity=table, count_overhead=count_overhead,
+            )  # fmt: skip
 
         with _timed(stage_times, "oneshot"):
             probe = calibrate(
-                loaded.model, processor, adapter, recipe, loaded.targets, prepared, progress=progress,
-                config_groups=config_groups, cache_dir=cache_dir, fingerprint=processor_fingerprint(model_dir),
+                loaded.model, processor, adapter, loaded.resolved, prepared, progress=progress,
+                cache_dir=cache_dir, fingerprint=processor_fingerprint(model_dir),
                 spill_folder=loaded.spill_folder,
             )  # fmt: skip
         summary, scales_checked = _prove(loaded, adapter)
         result, rows = collect_result(
-            output, model_dir, adapter, recipe, loaded.targets, loaded.precision, table, prepared, probe,
+            output, model_dir, adapter, loaded.resolved, table, prepared, probe,
             summary, scales_checked, stage_times, context,
         )  # fmt: skip
         if not result.wrote:
@@ -432,7 +410,7 @@ def quantize(
             return result
         with _timed(stage_times, "write"):
             _write(
-                result, loaded, probe, model_dir, adapter, recipe, started=started, force=force, rows=rows,
+                result, loaded, probe, model_dir, adapter, started=started, force=force, rows=rows,
                 calib_info=calib_info, dtypes=(calibration_dtype, loaded.saved_dtype),
                 kv_cache_modules=summary.kv_cache, max_seq_len=max_seq_len,
             )  # fmt: skip

@@ -1,6 +1,7 @@
-"""Quantization recipes: data in ``recipes/*.yaml``, validated here, turned into llmcompressor modifiers."""
+"""Quantization recipes: data in ``recipes/*.yaml``, validated here (quantkit.quantize.resolved resolves
+one for a model and builds its llmcompressor modifiers)."""
 
-from quantkit.recipes.modifiers import build_modifiers, kv_cache_fp8_args, resolved_scheme
+from quantkit.recipes.modifiers import kv_cache_fp8_args
 from quantkit.recipes.registry import (
     RECIPES_DIR,
     RecipeInfo,
@@ -16,11 +17,9 @@ __all__ = [
     "SCHEME_FORMATS",
     "Recipe",
     "RecipeInfo",
-    "build_modifiers",
     "get_recipe",
     "kv_cache_fp8_args",
     "list_recipes",
     "load_recipe_file",
     "resolve_recipe",
-    "resolved_scheme",
 ]
