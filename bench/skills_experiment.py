@@ -583,17 +583,24 @@ def render(
                 + f"; {BEST_SINGLE}: {best[0]}.",
                 "",
             ]
-        lines += [
-            "Loss against the original, points (original - arm), paired 95% interval:",
-            "",
-            "| group | task | " + " | ".join(label for label, _ in shown) + " |",
-            "|---|---|" + "---|" * len(shown),
-        ]
-        for task in tasks:
-            cells = [interval_text(figures["loss"][arm][task.name]) for _, arm in shown]
-            lines.append(f"| {task.group} | {task.name} | " + " | ".join(cells) + " |")
+        measured = any(f for kind in figures.values() for per_task in kind.values() for f in per_task.values())
         versus = [(label, arm) for label, arm in shown if arm != "stratified"]
-        if "stratified" in {arm for _, arm in shown} and versus:
+        if not measured:
+            lines.append(
+                "No loss or difference intervals: these rows hold no per-item scores (measured before "
+                "they were kept) or the original was not measured here."
+            )
+        else:
+            lines += [
+                "Loss against the original, points (original - arm), paired 95% interval:",
+                "",
+                "| group | task | " + " | ".join(label for label, _ in shown) + " |",
+                "|---|---|" + "---|" * len(shown),
+            ]
+            for task in tasks:
+                cells = [interval_text(figures["loss"][arm][task.name]) for _, arm in shown]
+                lines.append(f"| {task.group} | {task.name} | " + " | ".join(cells) + " |")
+        if measured and "stratified" in {arm for _, arm in shown} and versus:
             lines += [
                 "",
                 "Difference from stratified, points (arm - stratified), paired 95% interval, and "
@@ -605,6 +612,7 @@ def render(
             for task in tasks:
                 cells = [interval_text(figures["difference"][arm][task.name], True) for _, arm in versus]
                 lines.append(f"| {task.group} | {task.name} | " + " | ".join(cells) + " |")
+        if "stratified" in {arm for _, arm in shown} and versus:
             said = [verdict(label, figures["difference"][arm], names) for label, arm in versus]
         else:
             said = ["and another arm were not both measured: nothing to compare"]
