@@ -642,13 +642,15 @@ def kind(label: str) -> str:
 def count(tally: dict, figures: dict, shown: list[tuple[str, str]], tasks: list[str]) -> None:
     """Add one table's losses against the original beyond the interval and stratified's outcomes
     to ``tally`` (column -> counts)."""
+    from quantkit.eval.gate import TOLERANCE
+
     for label, arm in shown:
         counts = tally.setdefault(kind(label), {"cells": 0, "lost": 0, "wins": 0, "ties": 0, "loses": 0})
         for task in tasks:
             loss = figures["loss"][arm][task]
             if loss is not None:
                 counts["cells"] += 1
-                counts["lost"] += loss["low"] > 0
+                counts["lost"] += loss["low"] > TOLERANCE
             difference = (figures["difference"].get(arm) or {}).get(task)
             if difference is not None and outcome(difference) in ("wins", "ties", "loses"):
                 counts[outcome(difference)] += 1
@@ -788,9 +790,12 @@ def main(argv: list[str] | None = None) -> None:
             clock = time.monotonic()
             if pool is None:
                 pool = write_pool(args.work, args.pool_per_task, suite)
-            measured = measure_run(
-                args.model, pool, args.work, recipe, arm, size, seed, args.items, built, suite
-            )
+            try:
+                measured = measure_run(
+                    args.model, pool, args.work, recipe, arm, size, seed, args.items, built, suite
+                )
+            except QuantkitError as err:  # a size calibrate refuses, ...: the rows so far are saved
+                parser.exit(2, f"{head}: {err}\n")
             from _shared import loaded_sources
 
             spec = run_spec(recipe, arm, size, identity)

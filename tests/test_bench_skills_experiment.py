@@ -371,3 +371,10 @@ def test_a_run_is_measured_once_then_reused(zoo_model, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "[2/2] w4a16/single:caption/2/0: cached" in out and "original: cached" in out
     assert json.loads(results.read_text()) == data
+
+    # a size calibrate refuses (fewer samples than strata) is a usage error, not a traceback
+    with pytest.raises(SystemExit) as raised:
+        se.main(["stratified" if a == "text-only,single:caption" else a for a in argv])
+    assert raised.value.code == 2
+    assert "w4a16/stratified/2/0: " in capsys.readouterr().err
+    assert json.loads(results.read_text()) == data
