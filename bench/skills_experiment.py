@@ -365,18 +365,22 @@ def paired(first: list[float], second: list[float]) -> dict:
     return {"n": len(first), "diff": paired_loss(first, second), "low": low, "high": high}
 
 
+def side(figure: dict) -> int | None:
+    """Where a paired interval lies: -1 wholly below 0, 1 wholly above, 0 holding 0; None with
+    fewer items than the gate's MIN_ITEMS (no interval to judge by)."""
+    from quantkit.eval.gate import MIN_ITEMS, TOLERANCE
+
+    if figure["n"] < MIN_ITEMS:
+        return None
+    if figure["high"] < -TOLERANCE:
+        return -1
+    return 1 if figure["low"] > TOLERANCE else 0
+
+
 def outcome(difference: dict) -> str:
     """Stratified's outcome from ``arm - stratified``'s interval: it wins where the whole interval
     lies below 0, loses where it lies above, ties where the interval holds 0 (or too few items)."""
-    from quantkit.eval.gate import MIN_ITEMS, TOLERANCE
-
-    if difference["n"] < MIN_ITEMS:
-        return "not judged"
-    if difference["high"] < -TOLERANCE:
-        return "wins"
-    if difference["low"] > TOLERANCE:
-        return "loses"
-    return "ties"
+    return {None: "not judged", -1: "wins", 0: "ties", 1: "loses"}[side(difference)]
 
 
 def best_single(rows: list[dict], tasks: list[str]) -> tuple[str, dict[str, float]] | None:
@@ -642,15 +646,13 @@ def kind(label: str) -> str:
 def count(tally: dict, figures: dict, shown: list[tuple[str, str]], tasks: list[str]) -> None:
     """Add one table's losses against the original beyond the interval and stratified's outcomes
     to ``tally`` (column -> counts)."""
-    from quantkit.eval.gate import TOLERANCE
-
     for label, arm in shown:
         counts = tally.setdefault(kind(label), {"cells": 0, "lost": 0, "wins": 0, "ties": 0, "loses": 0})
         for task in tasks:
             loss = figures["loss"][arm][task]
             if loss is not None:
                 counts["cells"] += 1
-                counts["lost"] += loss["low"] > TOLERANCE
+                counts["lost"] += side(loss) == 1
             difference = (figures["difference"].get(arm) or {}).get(task)
             if difference is not None and outcome(difference) in ("wins", "ties", "loses"):
                 counts[outcome(difference)] += 1
