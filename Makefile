@@ -9,7 +9,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 TV_META := $(VLLM_VENV)/lib/python3.11/site-packages/torchvision/_meta_registrations.py
 
-.PHONY: install vllm-env envs demo test test-quick lint clean checkpoints bench bench-real bench-memory bench-skills bench-render jargon-text
+.PHONY: install vllm-env envs demo test test-quick lint clean checkpoints bench bench-real bench-memory bench-skills bench-skills-smol bench-render jargon-text
 
 # pip install --no-compile: pip byte-compiles every .py file it installs (all of torch, transformers,
 # vLLM ...), while Python compiles on first import only the modules a command uses, once. Measured
@@ -123,11 +123,12 @@ bench-real: install jargon-text
 bench-memory: install
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/memory_plan.py all --readme docs/commands/quantize.md
 
-# The per-task experiments on tiny-omni-skills (issues 17 and 18; not in `make bench`: measured 23 +
-# 10 min on the shared 2-core machine): calibration data (stratified, uniform, text only, captions
-# only) x w4a16 / w8a8-sq-gptq / fp8 x 32 and 128 samples x seeds 0-2, then plain vs token-weighted
-# GPTQ vs imatrix. Rows are kept in bench/skills_experiment.json and bench/token_weights_skills.json,
-# keyed by the model and the code: a second run with nothing changed measures nothing.
+# The per-task experiments on tiny-omni-skills (issues 17, 18 and 35; not in `make bench`):
+# calibration data (stratified, uniform, text only, captions only, each task's records alone) x
+# w4a16 / w8a8-sq-gptq / fp8 x 32 and 128 samples x seeds 0-2 (252 quantize + eval runs), then plain
+# vs token-weighted GPTQ vs imatrix. Rows are kept in bench/skills_experiment.json and
+# bench/token_weights_skills.json, keyed by the model and the code: a second run with nothing
+# changed measures nothing.
 SKILLS_MODEL := $(BENCH_WORK)/tiny-omni-skills
 bench-skills: install
 	$(BIN)/quantkit zoo build tiny-omni-skills --output $(SKILLS_MODEL) --force
@@ -135,6 +136,19 @@ bench-skills: install
 		--recipes w4a16,w8a8-sq-gptq,fp8 --sizes 32,128 --seeds 0,1,2 --items 24 --write-results bench/RESULTS.md
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/token_weights_experiment.py --model $(SKILLS_MODEL) --work $(BENCH_WORK)/tw-skills \
 		--settings w4a16,w4a16-sym-10 --seeds 0,1,2 --items 24 --write-results bench/RESULTS.md
+
+# The calibration-data experiment on smol-omni-skills (issue 35: SmolLM2-135M's real weights, where
+# quantization loses): every arm (the four above and each task's records alone) x w4a16 /
+# w8a8-sq-gptq x 64 and 256 samples x seeds 0-2 (168 quantize + eval runs, 200 held-out items a
+# task each), 256 pool records a task (so that a single-task arm of 256 samples repeats none). Rows
+# in bench/skills_experiment_smol.json (MODEL= an already built folder skips the build). Long: not
+# in `make bench` or `make bench-skills`.
+SMOL_SKILLS_MODEL := $(BENCH_WORK)/smol-omni-skills
+bench-skills-smol: install
+	$(if $(MODEL),,$(BIN)/quantkit zoo build smol-omni-skills --output $(SMOL_SKILLS_MODEL) --force)
+	HF_HUB_OFFLINE=1 $(BIN)/python bench/skills_experiment.py --model $(or $(MODEL),$(SMOL_SKILLS_MODEL)) \
+		--work $(BENCH_WORK)/skills-exp-smol --recipes w4a16,w8a8-sq-gptq --sizes 64,256 --seeds 0,1,2 \
+		--items 200 --pool-per-task 256 --write-results bench/RESULTS.md
 
 # Re-render every keyed section of bench/RESULTS.md (and the memory-plan table) from the stored
 # rows, measuring nothing: current rows are marked current, stale ones keep their last figures

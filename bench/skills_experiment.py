@@ -1,29 +1,38 @@
-"""The seed article's claim, measured on tiny-omni-skills: does a stratified, sensitivity-weighted
-calibration set (``quantkit calibrate``) keep per-task accuracy better than a generic one?
+"""The seed article's claim, measured on a skills model (tiny-omni-skills, smol-omni-skills: the
+suite its skills.json names): does a stratified, sensitivity-weighted calibration set (``quantkit
+calibrate``) keep per-task accuracy better than a generic one, or than the best single-task one?
 
-Arms, each of ``--sizes`` samples drawn from the same pool (the skills pool, ``demo-pool --skills``):
-stratified (``quantkit calibrate``, seed s), uniform random (seed s), text only (the arithmetic
-records), image captions only (the caption records: what llm-compressor's examples calibrate on).
-The pool holds only 12 distinct captions (4 colours x 3 shapes), so the captions arm repeats
-records to reach the size. Each recipe x size x seed x arm is quantized, then scored with
-``quantkit.eval.skills.score_model`` on the same held-out items as the original (paired).
+Arms, each of ``--sizes`` samples drawn from the same pool (the suite's skills pool, ``demo-pool
+--skills --suite SUITE``): stratified (``quantkit calibrate``, seed s), uniform random (seed s),
+text only (the suite's text-task records), captions only (its short-caption records: what
+llm-compressor's examples calibrate on), and ``single:TASK`` per task (that task's records
+alone); an arm with fewer records than samples repeats them. Each recipe x size x seed x arm is
+quantized, then scored with ``quantkit.eval.skills.score_model`` on the same held-out items as the
+original, item by item (the per-item scores are stored: the pairing).
 
     python bench/skills_experiment.py --model DIR --work /tmp/skills-exp \
         --recipes w4a16,w8a8-sq-gptq,fp8 --sizes 32,128 --seeds 0,1 --items 24 \
         --write-results bench/RESULTS.md
 
-Every finished run is a row of ``--results`` (default bench/skills_experiment.json), written after
-each run: its scores, seconds, the held-out item count, the model's identity (a hash of the model
-folder's weights, tokenizer, config and processor config files and skills.json, with the zoo
-record's key when there is one) and its provenance (a key over the quantkit modules the run
-imported, the recipes, this script's measuring code and the constants it reads, the library
-versions (bench/_shared.py's LIBRARIES), the recipe, arm, size and settings; the git commit for
-display: the machinery of bench/mixed_precision.py). A stored row is reused only while its key matches; a row
-made with another model, other code or other settings is measured again. ``--work`` holds only
-scratch (the pool, calibration sets and checkpoints), rebuilt by each invocation that measures.
+Judging (rendering only, from the stored rows): per table (recipe x size) the best single-task
+arm is the one with the highest mean score over the tasks. Each arm's per-item scores are averaged
+over its seeds, then paired item by item with stratified's (and with the original's) and given the
+accuracy gate's paired bootstrap 95% interval (quantkit/eval/gate.py). Stratified wins a task where
+the interval of arm - stratified lies wholly below 0, loses where it lies above, ties otherwise.
 
-``--render-only`` writes the RESULTS.md section from the stored rows without measuring; rows whose
-key no longer matches the code and model as they are are marked stale.
+Every finished run is a row of ``--results`` (default: the suite's, bench/skills_experiment.json or
+bench/skills_experiment_smol.json), written after each run: its scores, per-item scores, seconds,
+the held-out item count, the model's identity (a hash of the model folder's weights, tokenizer,
+config and processor config files and skills.json, with the suite's zoo record key when there is
+one) and its provenance (a key over the quantkit modules the run imported, the recipes, this
+script's measuring code and the constants it reads, the library versions (bench/_shared.py's
+LIBRARIES), the recipe, arm, size and settings; the git commit for display: the machinery of
+bench/mixed_precision.py). A stored row is reused only while its key matches; a row made with
+another model, other code or other settings is measured again. ``--work`` holds only scratch (the
+pool, calibration sets and checkpoints), rebuilt by each invocation that measures.
+
+``--render-only`` writes the RESULTS.md section (one per suite) from the stored rows without
+measuring; rows whose key no longer matches the code and model as they are are marked stale.
 """
 
 from __future__ import annotations
@@ -42,10 +51,24 @@ for _path in (ROOT, ROOT / "bench"):
     if str(_path) not in sys.path:
         sys.path.append(str(_path))
 
+# The arms every suite has; beside them, one single-task arm per task of the model's suite
+# (``single:ocr_digits``: that task's pool records alone) and, per table, the best of those.
 ARMS = ("stratified", "uniform", "text-only", "captions-only")
-SECTION = "## Calibration data vs per-task accuracy (tiny-omni-skills)"
-RESULTS = ROOT / "bench" / "skills_experiment.json"
-ZOO_RECORD = ROOT / "quantkit" / "zoo" / "weights" / "tiny-omni-skills.json"
+SINGLE = "single:"
+ALL_SINGLE = "single"  # --arms: every task's single-task arm
+BEST_SINGLE = "best single-task"
+TEXT_MODALITY = "text"  # the text-only arm: the suite's tasks of this modality (chat text)
+CAPTION_FAMILY = "short_caption"  # the captions-only arm: what llm-compressor's examples calibrate on
+SECTION_TITLE = "## Calibration data vs per-task accuracy"
+SECTION = f"{SECTION_TITLE} (tiny-omni-skills)"
+# One results file per suite: rows are named by recipe, arm, size and seed, not by model.
+RESULTS_FILES = {
+    "tiny-omni-skills": ROOT / "bench" / "skills_experiment.json",
+    "smol-omni-skills": ROOT / "bench" / "skills_experiment_smol.json",
+}
+RESULTS = RESULTS_FILES["tiny-omni-skills"]
+ZOO_WEIGHTS = ROOT / "quantkit" / "zoo" / "weights"
+ZOO_RECORD = ZOO_WEIGHTS / "tiny-omni-skills.json"  # a folder whose skills.json names no suite
 POOL_SEED = 7
 # What, beside the weights, decides what a model answers: its tokenizer and chat template, its
 # configs (architecture, generation defaults, how media become inputs) and, for tiny-omni-skills,
@@ -83,8 +106,9 @@ def identity_files(model: Path) -> tuple[list[str], list[str]]:
 def model_identity(model: Path) -> dict:
     """A hash over the model folder's ``model*.safetensors``, tokenizer, config and processor
     config files and skills.json (names and bytes; each named file it lacks counted as missing),
-    with the key of quantkit/zoo/weights/tiny-omni-skills.json when that record is there."""
+    with the key of the suite's zoo record (quantkit/zoo/weights/SUITE.json) when it is there."""
     from quantkit.fsutil import sha256_file
+    from quantkit.zoo.skills import SKILLS_FILE
 
     model = Path(model)
     names, missing = identity_files(model)
@@ -95,7 +119,9 @@ def model_identity(model: Path) -> dict:
         digest.update(name.encode() + b"\0" + sha256_file(model / name).encode() + b"\0")
     for name in missing:
         digest.update(name.encode() + b"\0<missing>\0")
-    record = json.loads(ZOO_RECORD.read_text(encoding="utf-8")).get("key") if ZOO_RECORD.is_file() else None
+    suite = json.loads((model / SKILLS_FILE).read_text(encoding="utf-8")).get("suite") if SKILLS_FILE in names else None
+    path = ZOO_WEIGHTS / f"{suite}.json" if suite else ZOO_RECORD
+    record = json.loads(path.read_text(encoding="utf-8")).get("key") if path.is_file() else None
     return {"hash": digest.hexdigest()[:16], "record": record, "files": names, "missing": missing}
 
 
@@ -149,23 +175,6 @@ def expected_original(row: dict, identity: dict, state: dict) -> dict:
     return row_key("original", spec, {"items": row["items"]}, state, files)
 
 
-def original_row(model: Path, identity: dict, state: dict, items: int) -> dict:
-    """Measure the original's scores: its stored row, keyed as :func:`expected_original` checks
-    it (``state``: the code state of the bench that stores it)."""
-    from _shared import loaded_sources
-
-    clock = time.monotonic()
-    scores = original_scores(model, items=items)
-    spec = {"model": {k: identity[k] for k in ("hash", "record")}}
-    return {
-        "items": items,
-        "model": identity,
-        "seconds": round(time.monotonic() - clock, 1),
-        "scores": scores,
-        "provenance": row_key("original", spec, {"items": items}, state, loaded_sources()),
-    }
-
-
 def current(row: dict | None, expected: dict | None) -> bool:
     """Whether a stored row still stands for the code, model and settings it is checked against."""
     return bool(row and expected and (row.get("provenance") or {}).get("key") == expected["key"])
@@ -178,21 +187,47 @@ def pool_records(pool: Path) -> list[dict]:
     return [json.loads(line) for line in pool.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def write_pool(work: Path, per_task: int) -> Path:
-    """The skills pool, written anew (its generators are quantkit code a stored copy could predate)."""
+def model_suite(model: Path):
+    """The task module of the model's skills.json (quantkit.synthetic's tiny- or smol-omni-skills)."""
+    from quantkit.eval.skills import read_skills
+    from quantkit.synthetic.skills_tasks import suite_module
+
+    return suite_module(read_skills(model))
+
+
+def write_pool(work: Path, per_task: int, suite=None) -> Path:
+    """The skills pool of ``suite`` (tiny-omni-skills by default), written anew (its generators are
+    quantkit code a stored copy could predate)."""
     from quantkit.synthetic.skills_tasks import write_skills_pool
 
-    write_skills_pool(work / "pool", per_task=per_task, seed=POOL_SEED, force=True)
+    write_skills_pool(work / "pool", per_task=per_task, seed=POOL_SEED, force=True, suite=suite)
     return work / "pool" / "pool.jsonl"
 
 
-def arm_samples(arm: str, pool: Path, work: Path, size: int, seed: int, model: Path, built: set):
+def suite_arms(suite) -> list[str]:
+    """Every arm a suite has: the four shared ones, then one single-task arm per task."""
+    return [*ARMS, *(SINGLE + task.name for task in suite.TASKS)]
+
+
+def arm_families(arm: str, suite) -> set[str]:
+    """The taxonomy families whose pool records an arm other than stratified and uniform draws
+    from (a pool record's ``task`` is its task's family): text only, the suite's text tasks;
+    captions only, its short captions; ``single:TASK``, that task's."""
+    if arm == "text-only":
+        return {t.family for t in suite.TASKS if t.modality == TEXT_MODALITY}
+    if arm == "captions-only":
+        return {t.family for t in suite.TASKS if t.family == CAPTION_FAMILY}
+    return {suite.TASKS_BY_NAME[arm.removeprefix(SINGLE)].family}
+
+
+def arm_samples(arm: str, pool: Path, work: Path, size: int, seed: int, model: Path, built: set, suite=None):
     """The ``size`` calibration samples of ``arm`` and a label saying how they were drawn. The
     stratified set of a (size, seed) is built once per invocation (``built``) and shared by the
-    recipes."""
+    recipes. An arm whose records are fewer than ``size`` draws them with repeats."""
     from quantkit.calibset import CalibrateOptions, build_calibration_set
     from quantkit.models.inputs import Sample
     from quantkit.models.samples import samples_from_set
+    from quantkit.synthetic import skills_tasks
 
     if arm == "stratified":
         calib = work / f"calib-{size}-{seed}"
@@ -209,8 +244,8 @@ def arm_samples(arm: str, pool: Path, work: Path, size: int, seed: int, model: P
     if arm == "uniform":
         chosen = rng.sample(records, size)
     else:
-        task = "text_chat" if arm == "text-only" else "short_caption"
-        subset = [r for r in records if r["task"] == task]
+        families = arm_families(arm, suite or skills_tasks)
+        subset = [r for r in records if r["task"] in families]
         chosen = (
             rng.sample(subset, size) if len(subset) >= size else [rng.choice(subset) for _ in range(size)]
         )
@@ -222,50 +257,80 @@ def arm_samples(arm: str, pool: Path, work: Path, size: int, seed: int, model: P
     return [sample(r) for r in chosen], f"{arm}, seed {seed}"
 
 
+def item_text(values: list[float]) -> str:
+    """Per-item scores as one string (6 significant digits, space separated): a few hundred items
+    x tasks x runs stay a line per task in the results file, not a line per item."""
+    return " ".join(f"{v:.6g}" for v in values)
+
+
+def scored(model_dir: Path, suite, items: int) -> dict:
+    """``model_dir``'s per-task scores and per-item scores (in the order the items are drawn, the
+    same for every model: the pairing) on the suite's held-out items."""
+    from quantkit.eval.skills import score_model
+
+    tasks = score_model(model_dir, [t.name for t in suite.TASKS], items=items).tasks
+    return {
+        "suite": suite.SUITE,
+        "scores": {t.task: t.score for t in tasks},
+        "item_scores": {t.task: item_text(t.item_scores) for t in tasks},
+    }
+
+
 def measure_run(
-    model: Path, pool: Path, work: Path, recipe: str, arm: str, size: int, seed: int, items: int, built: set
+    model: Path, pool: Path, work: Path, recipe: str, arm: str, size: int, seed: int, items: int, built: set,
+    suite=None,
 ) -> dict:
     """Quantize one arm's checkpoint and score it on the held-out items (the original's)."""
-    from quantkit.eval.skills import score_model
+    import shutil
+
     from quantkit.quantize import quantize
     from quantkit.recipes.registry import resolve_recipe
-    from quantkit.synthetic.skills_tasks import TASKS
+    from quantkit.synthetic import skills_tasks
+    from quantkit.zoo.skills import SKILLS_FILE
 
-    samples, label = arm_samples(arm, pool, work, size, seed, model, built)
-    checkpoint = work / f"ckpt-{recipe}-{arm}-{size}-{seed}"
+    suite = suite or skills_tasks
+    samples, label = arm_samples(arm, pool, work, size, seed, model, built, suite)
+    checkpoint = work / f"ckpt-{recipe}-{arm.replace(':', '-')}-{size}-{seed}"
     started = time.monotonic()
     quantize(model, checkpoint, resolve_recipe(recipe), samples, force=True, progress=False)
     quantized = time.monotonic()
-    scores = score_model(checkpoint, [t.name for t in TASKS], items=items)
+    # scored on the original's suite: a checkpoint carries the processor files, not skills.json
+    shutil.copyfile(model / SKILLS_FILE, checkpoint / SKILLS_FILE)
+    scores = scored(checkpoint, suite, items)
     return {
         "calibration": label,
         "quantize_s": round(quantized - started, 1),
         "score_s": round(time.monotonic() - quantized, 1),
         "items": items,
-        "scores": {t.task: t.score for t in scores.tasks},
+        **scores,
     }
 
 
-def original_scores(model: Path, work: Path | None = None, items: int = 24) -> dict:
-    """The original's per-task scores on the held-out items every checkpoint is scored on. Measured
-    on each call (``work`` is not used: callers keep their own keyed records)."""
-    from quantkit.eval.skills import score_model
-    from quantkit.synthetic.skills_tasks import TASKS
+def original_row(model: Path, identity: dict, state: dict, items: int) -> dict:
+    """Measure the original's scores on its suite: its stored row, keyed as
+    :func:`expected_original` checks it (``state``: the code state of the bench that stores it)."""
+    from _shared import loaded_sources
 
-    return {t.task: t.score for t in score_model(model, [t.name for t in TASKS], items=items).tasks}
+    clock = time.monotonic()
+    scores = scored(model, model_suite(model), items)
+    spec = {"model": {k: identity[k] for k in ("hash", "record")}}
+    return {
+        "items": items,
+        "model": identity,
+        "seconds": round(time.monotonic() - clock, 1),
+        **scores,
+        "provenance": row_key("original", spec, {"items": items}, state, loaded_sources()),
+    }
 
 
-MEASURING = (pool_records, write_pool, arm_samples, measure_run, original_scores, original_row)
+MEASURING = (
+    pool_records, model_suite, write_pool, arm_families, arm_samples, item_text, scored, measure_run, original_row,
+)
 # The module-level values those functions read, by name (inspect.getsource sees only their bodies).
-MEASURED_VALUES = ("POOL_SEED",)
+MEASURED_VALUES = ("POOL_SEED", "SINGLE", "TEXT_MODALITY", "CAPTION_FAMILY")
 
 
 # ---------------------------------------------------------------------- rendering
-
-
-# Scores are multiples of 1/items: figures closer than this are equal (float rounding decides no
-# comparison).
-TOLERANCE = 1e-9
 
 
 def cell(values: list[float]) -> tuple[float, float]:
@@ -273,85 +338,123 @@ def cell(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), max(values) - min(values)
 
 
-def original_losses(rows: list[dict], original: dict | None, tasks: list[str]) -> list[tuple[str, float, float, float]] | None:
-    """Per task where ``rows``' mean lies below the original's score by more than their seed spread
-    (beyond TOLERANCE): (task, mean, spread, original). None without an original or two seeds."""
-    if original is None or len({r["seed"] for r in rows}) < 2:
+def suite_tasks(rows: list[dict]):
+    """The tasks of the suite the rows were scored on (rows made before suites were recorded:
+    tiny-omni-skills)."""
+    from quantkit.synthetic.skills_tasks import SUITE, suite_module
+
+    return suite_module({"suite": rows[0].get("suite", SUITE)}).TASKS
+
+
+def seed_mean_items(rows: list[dict], task: str) -> list[float] | None:
+    """Per held-out item, its score averaged over the rows (an arm's seeds): how seeds enter the
+    paired comparison. None when a row has no per-item scores (made before they were kept)."""
+    if not rows or any(task not in (r.get("item_scores") or {}) for r in rows):
         return None
-    out = []
-    for task in tasks:
-        mean, spread = cell([r["scores"][task] for r in rows])
-        if original["scores"][task] - mean > spread + TOLERANCE:
-            out.append((task, mean, spread, original["scores"][task]))
-    return out
+    per_seed = [[float(v) for v in r["item_scores"][task].split()] for r in rows]
+    return [statistics.mean(values) for values in zip(*per_seed, strict=True)]
 
 
-def arm_differences(stratified: list[dict], other: list[dict], tasks: list[str]) -> tuple[list, int] | None:
-    """Per task where ``other``'s mean differs from stratified's by more than the larger of the two
-    seed spreads (beyond TOLERANCE): (task, other mean - stratified mean, stratified mean, other mean); with the
-    count of tasks that do not differ. None when either arm has fewer than two seeds (no spread)."""
-    if len(stratified) < 2 or len(other) < 2:
+def paired(first: list[float], second: list[float]) -> dict:
+    """first - second in points (100 x the mean per-item difference) with the gate's paired
+    bootstrap 95% interval: the items resampled together on both sides, seeded (a rerun renders
+    the same bytes)."""
+    from quantkit.eval.gate import paired_interval, paired_loss
+
+    low, high = paired_interval(first, second)
+    return {"n": len(first), "diff": paired_loss(first, second), "low": low, "high": high}
+
+
+def side(figure: dict) -> int | None:
+    """Where a paired interval lies: -1 wholly below 0, 1 wholly above, 0 holding 0; None with
+    fewer items than the gate's MIN_ITEMS (no interval to judge by)."""
+    from quantkit.eval.gate import MIN_ITEMS, TOLERANCE
+
+    if figure["n"] < MIN_ITEMS:
         return None
-    found = []
-    for task in tasks:
-        (mine, mine_spread), (theirs, their_spread) = (
-            cell([r["scores"][task] for r in rows]) for rows in (stratified, other)
+    if figure["high"] < -TOLERANCE:
+        return -1
+    return 1 if figure["low"] > TOLERANCE else 0
+
+
+def outcome(difference: dict) -> str:
+    """Stratified's outcome from ``arm - stratified``'s interval: it wins where the whole interval
+    lies below 0, loses where it lies above, ties where the interval holds 0 (or too few items)."""
+    return {None: "not judged", -1: "wins", 0: "ties", 1: "loses"}[side(difference)]
+
+
+def best_single(rows: list[dict], tasks: list[str]) -> tuple[str, dict[str, float]] | None:
+    """(the best single-task arm, every single-task arm's mean score): the mean over tasks of the
+    per-task mean over seeds, highest first; a tie goes to the arm first in the suite's task order.
+    None without a single-task arm."""
+    singles = [SINGLE + t for t in tasks if any(r["arm"] == SINGLE + t for r in rows)]
+    if not singles:
+        return None
+    means = {
+        arm: statistics.mean(
+            statistics.mean(r["scores"][task] for r in rows if r["arm"] == arm) for task in tasks
         )
-        if abs(theirs - mine) > max(mine_spread, their_spread) + TOLERANCE:
-            found.append((task, theirs - mine, mine, theirs))
-    return found, len(tasks) - len(found)
+        for arm in singles
+    }
+    return max(singles, key=lambda arm: (means[arm], -singles.index(arm))), means
 
 
-def versus(task: str, better: str, worse: str, high: float, low: float, original: dict | None) -> str:
-    """One difference between two arms in words, with the original's score; a better arm above the
-    original is said to be so (item noise: quantization does not improve on the model)."""
-    if original is None:
-        return f"{task}: {better} better by {high - low:.3f} ({high:.3f} vs {low:.3f})"
-    base = original["scores"][task]
-    said = f"{task}: {better} {high:.3f} vs {worse} {low:.3f}, original {base:.3f}"
-    if high > base + TOLERANCE:
-        return f"{said} ({better} above the original: item noise, not {better} keeping more)"
-    return f"{said} ({better} better by {high - low:.3f})"
+def compared_arms(rows: list[dict], tasks: list[str]) -> list[tuple[str, str]]:
+    """(label, arm) of each column: the shared arms measured, then the best single-task arm."""
+    shown = [(a, a) for a in ARMS if any(r["arm"] == a for r in rows)]
+    best = best_single(rows, tasks)
+    return shown + ([(f"{BEST_SINGLE} ({best[0]})", best[0])] if best else [])
 
 
-def summary(rows: list[dict], tasks: list[str], original: dict | None = None) -> list[str]:
-    """Plain words for one table: each arm against the original (when given) and against
-    stratified, task by task."""
-    by_arm = {a: [r for r in rows if r["arm"] == a] for a in ARMS}
-    lines = []
-    for arm in [a for a in ARMS if by_arm[a]] if original is not None else ():
-        lost = original_losses(by_arm[arm], original, tasks)
-        if lost is None:
-            lines.append(f"- {arm} vs the original: fewer than two seeds, so no spread to judge a loss by")
-            continue
-        said = "; ".join(f"{t} {m:.3f} ± {s:.3f} vs {o:.3f}" for t, m, s, o in lost)
-        lines.append(f"- {arm} vs the original: " + (f"lost beyond its seed spread on {said}" if lost else "no loss beyond its seed spread on any task"))
-    if not by_arm["stratified"]:
-        return [*lines, "- the stratified arm was not measured here: nothing to compare against"]
-    for arm in [a for a in ARMS if a != "stratified" and by_arm[a]]:
-        found = arm_differences(by_arm["stratified"], by_arm[arm], tasks)
-        if found is None:
-            lines.append(
-                f"- {arm} vs stratified: fewer than two seeds in an arm, so no spread to judge a difference by"
-            )
-            continue
-        differing, same = found
-        if not differing:
-            lines.append(f"- {arm} vs stratified: no difference beyond the seed spread on any task")
-            continue
-        parts = [
-            versus(task, "stratified", arm, mine, theirs, original)
-            if diff < 0
-            else versus(task, arm, "stratified", theirs, mine, original)
-            for task, diff, mine, theirs in differing
-        ]
-        rest = (
-            f"; no difference beyond the seed spread on the other {same} task{'s' * (same != 1)}"
-            if same
-            else ""
-        )
-        lines.append(f"- {arm} vs stratified: " + "; ".join(parts) + rest)
-    return lines
+def judge(rows: list[dict], tasks: list[str], original: dict | None) -> dict:
+    """The figures of one table, per arm shown and task: its loss against the original (original -
+    arm) and its difference from stratified (arm - stratified), each paired on the same items with
+    its interval, per-item scores averaged over the arm's seeds first; None where not measurable."""
+    items = {
+        arm: {task: seed_mean_items([r for r in rows if r["arm"] == arm], task) for task in tasks}
+        for _, arm in compared_arms(rows, tasks)
+    }
+    base = {
+        task: [float(v) for v in original["item_scores"][task].split()]
+        if original and task in (original.get("item_scores") or {})
+        else None
+        for task in tasks
+    }
+    stratified = items.get("stratified", dict.fromkeys(tasks))
+    return {
+        "loss": {
+            arm: {t: paired(base[t], mine[t]) if base[t] and mine[t] else None for t in tasks}
+            for arm, mine in items.items()
+        },
+        "difference": {
+            arm: {t: paired(mine[t], stratified[t]) if stratified[t] and mine[t] else None for t in tasks}
+            for arm, mine in items.items()
+            if arm != "stratified"
+        },
+    }
+
+
+def interval_text(figure: dict | None, with_outcome: bool = False) -> str:
+    if figure is None:
+        return "-"
+    said = f"{figure['diff']:+.1f} [{figure['low']:+.1f}, {figure['high']:+.1f}]"
+    return f"{said} {outcome(figure)}" if with_outcome else said
+
+
+def verdict(label: str, differences: dict[str, dict | None], tasks: list[str]) -> str:
+    """Where stratified wins, ties and loses against one arm, task by task, beyond the interval."""
+    judged = {t: outcome(differences[t]) for t in tasks if differences[t] is not None}
+    if not judged:
+        return f"vs {label}: not judged (rows without per-item scores)"
+    parts = []
+    for word in ("wins", "loses", "ties", "not judged"):
+        named = [t for t in tasks if judged.get(t) == word]
+        if named:
+            parts.append(f"{word} on {', '.join(named)}")
+    missing = [t for t in tasks if t not in judged]
+    if missing:
+        parts.append(f"no per-item scores on {', '.join(missing)}")
+    return f"vs {label}: " + "; ".join(parts)
 
 
 UNCHECKED = object()
@@ -372,32 +475,43 @@ def made_by(row: dict, expected) -> str:
     return row_mark(commit, current(row, expected))
 
 
-def render(data: dict, expected_runs: dict | None = None, expected_originals: dict | None = None) -> str:
-    """The RESULTS.md section body from the stored rows only: one table per recipe x size (x model
-    x held-out items, where the file holds more than one), mean ± spread over seeds with n, the
-    commits that made the rows (stale ones marked when ``expected_*`` are given: name -> key) and
-    the plain-words comparison with the stratified arm."""
-    from quantkit.synthetic.skills_tasks import TASKS
+def render(
+    data: dict,
+    expected_runs: dict | None = None,
+    expected_originals: dict | None = None,
+    results_name: str = "bench/skills_experiment.json",
+) -> str:
+    """The RESULTS.md section body from the stored rows only: per recipe x size (x model x
+    held-out items, where the file holds more than one) the scores (mean ± spread over seeds,
+    n), each arm's loss against the original and its difference from stratified (paired 95%
+    intervals), the verdict line, and the commits that made the rows (stale ones marked when
+    ``expected_*`` are given: name -> key)."""
+    from quantkit.eval.gate import CONFIDENCE, RESAMPLES
 
     runs = data.get("runs") or {}
     originals = data.get("original") or {}
     lines = [
-        "Rendered by bench/skills_experiment.py from bench/skills_experiment.json. Arms, each the same number "
-        "of calibration samples from the skills pool: stratified (`quantkit calibrate`, sensitivity "
-        "weighted, seed s), uniform random (seed s), text only (the arithmetic records), image captions "
-        "only (what llm-compressor's examples calibrate on). Every checkpoint and the original are scored "
-        "on the same held-out items. Score: mean ± spread (max - min) over seeds, n seeds. A difference "
-        "counts when two arms' means differ by more than the larger of their spreads; an arm loses "
-        "against the original where its mean lies below the original's score by more than its spread "
-        f"(both beyond a tolerance of {TOLERANCE:g}: scores are multiples of 1/items). A better arm "
-        "whose mean is above the original's is marked so: quantization does not improve on the model, "
-        "so that difference is item noise.",
+        f"Rendered by bench/skills_experiment.py from {results_name}. Arms, each the same number of "
+        "calibration samples from the skills pool of the model's suite (its skills.json): stratified "
+        "(`quantkit calibrate`, sensitivity weighted, seed s), uniform random (seed s), text only (the "
+        "suite's text-task records: chat text), captions only (its short-caption records: what "
+        "llm-compressor's multimodal examples calibrate on), and one single-task arm per task "
+        "(`single:TASK`: that task's records alone; an arm with fewer records than samples repeats "
+        f"them). The **{BEST_SINGLE}** arm of a table is its single-task arm with the highest mean "
+        "score over the tasks (ties: the first in task order); it is chosen on the same items it is "
+        "then compared on, which favours it. Every checkpoint and the original are scored on the "
+        "same held-out items. Scores: mean ± spread (max - min) over seeds, n seeds. Loss against "
+        "the original (original - arm) and difference from stratified (arm - stratified) are in "
+        "points (100 x the mean per-item difference): each arm's per-item scores are first averaged "
+        "over its seeds, then paired item by item with the other side, with the accuracy gate's "
+        f"paired bootstrap {CONFIDENCE:.0%} interval ({RESAMPLES} resamples of the items, seeded; "
+        "quantkit/eval/gate.py). The interval covers the held-out items' noise; the seed spread "
+        "beside the scores shows the calibration draw's. Stratified **wins** on a task where the "
+        "whole interval of arm - stratified lies below 0, **loses** where it lies above 0, and "
+        "**ties** otherwise.",
         "",
     ]
-    tallies = {
-        stale: {"cells": dict.fromkeys(ARMS, 0), "lost": dict.fromkeys(ARMS, 0), "compared": 0, "found": 0, "above": 0}
-        for stale in (False, True)
-    }
+    tallies = {stale: {} for stale in (False, True)}
     # Rows (and original scores) other code, another model or other settings made keep their
     # figures, in tables of their own marked stale with the commits that measured them; the
     # tallies keep the two apart.
@@ -405,8 +519,8 @@ def render(data: dict, expected_runs: dict | None = None, expected_originals: di
     if stale:
         lines += [
             f"{len(stale)} stored row(s) are stale (another model, other code or other settings than now): their "
-            "tables are marked stale and show the figures measured at the commits they name. `make bench-skills` "
-            "measures them again.",
+            "tables are marked stale and show the figures measured at the commits they name. Running the "
+            "experiment again measures them again.",
             "",
         ]
     stale_originals = set()
@@ -426,7 +540,9 @@ def render(data: dict, expected_runs: dict | None = None, expected_originals: di
     ):
         named = groups[(recipe, size, model, items, is_stale)]
         rows = [row for _, row in named]
-        arms = [a for a in ARMS if any(r["arm"] == a for r in rows)]
+        tasks = suite_tasks(rows)
+        names = [t.name for t in tasks]
+        shown = compared_arms(rows, names)
         seeds = sorted({r["seed"] for r in rows})
         # a current table compares with the current original only; a stale one with the stored one
         original = originals.get(f"{model}/{items}")
@@ -436,6 +552,7 @@ def render(data: dict, expected_runs: dict | None = None, expected_originals: di
         if original is not None:
             marks.append(made_by(original, checked(expected_originals, f"{model}/{items}")))
         record = rows[0]["model"].get("record")
+        figures = judge(rows, names, original)
         lines += [
             f"### {recipe}, {size} calibration samples"
             + (f" (model {model})" if len(models) > 1 else "")
@@ -445,28 +562,72 @@ def render(data: dict, expected_runs: dict | None = None, expected_originals: di
             + (f" (zoo record {record[:12]})" if record else "")
             + f"; made by {', '.join(sorted(set(marks)))}.",
             "",
-            "| group | task | original | " + " | ".join(arms) + " |",
-            "|---|---|---|" + "---|" * len(arms),
+            "Scores:",
+            "",
+            "| group | task | original | " + " | ".join(label for label, _ in shown) + " |",
+            "|---|---|---|" + "---|" * len(shown),
         ]
-        for task in TASKS:
+        for task in tasks:
             cells = []
-            for arm in arms:
+            for _, arm in shown:
                 mean, spread = cell([r["scores"][task.name] for r in rows if r["arm"] == arm])
                 cells.append(f"{mean:.3f} ± {spread:.3f} (n={sum(r['arm'] == arm for r in rows)})")
             first = f"{original['scores'][task.name]:.3f}" if original else "not measured"
             lines.append(f"| {task.group} | {task.name} | {first} | " + " | ".join(cells) + " |")
         seconds = []
-        for arm in arms:
+        for _, arm in shown:
             mean, spread = cell([r["quantize_s"] for r in rows if r["arm"] == arm])
             seconds.append(f"{mean:.0f} ± {spread:.0f}")
         lines += ["| | quantize seconds | | " + " | ".join(seconds) + " |", ""]
+        best = best_single(rows, names)
+        if best:
+            lines += [
+                "Single-task arms, mean score over the tasks: "
+                + ", ".join(f"{arm} {mean:.3f}" for arm, mean in best[1].items())
+                + f"; {BEST_SINGLE}: {best[0]}.",
+                "",
+            ]
+        measured = any(f for kind in figures.values() for per_task in kind.values() for f in per_task.values())
+        versus = [(label, arm) for label, arm in shown if arm != "stratified"]
+        if not measured:
+            lines.append(
+                "No loss or difference intervals: these rows hold no per-item scores (measured before "
+                "they were kept) or the original was not measured here."
+            )
+        else:
+            lines += [
+                "Loss against the original, points (original - arm), paired 95% interval:",
+                "",
+                "| group | task | " + " | ".join(label for label, _ in shown) + " |",
+                "|---|---|" + "---|" * len(shown),
+            ]
+            for task in tasks:
+                cells = [interval_text(figures["loss"][arm][task.name]) for _, arm in shown]
+                lines.append(f"| {task.group} | {task.name} | " + " | ".join(cells) + " |")
+        if measured and "stratified" in {arm for _, arm in shown} and versus:
+            lines += [
+                "",
+                "Difference from stratified, points (arm - stratified), paired 95% interval, and "
+                "stratified's outcome:",
+                "",
+                "| group | task | " + " | ".join(label for label, _ in versus) + " |",
+                "|---|---|" + "---|" * len(versus),
+            ]
+            for task in tasks:
+                cells = [interval_text(figures["difference"][arm][task.name], True) for _, arm in versus]
+                lines.append(f"| {task.group} | {task.name} | " + " | ".join(cells) + " |")
+        if "stratified" in {arm for _, arm in shown} and versus:
+            said = [verdict(label, figures["difference"][arm], names) for label, arm in versus]
+        else:
+            said = ["and another arm were not both measured: nothing to compare"]
         lines += [
-            f"In plain words ({recipe}, {size} samples{', stale figures' if is_stale else ''}):",
             "",
-            *summary(rows, [t.name for t in TASKS], original),
+            f"**Verdict, {recipe} at {size} samples{' (stale figures)' if is_stale else ''}:** stratified "
+            + ". Stratified ".join(said)
+            + ".",
             "",
         ]
-        count(tallies[is_stale], rows, [t.name for t in TASKS], original)
+        count(tallies[is_stale], figures, shown, names)
     fresh = sum(not key[4] for key in groups)
     if fresh:
         lines.append(overall(tallies[False], fresh))
@@ -477,37 +638,43 @@ def render(data: dict, expected_runs: dict | None = None, expected_originals: di
     return "\n".join(lines)
 
 
-def count(tally: dict, rows: list[dict], tasks: list[str], original: dict | None) -> None:
-    """Add one table's losses against the original and arm-vs-stratified differences to ``tally``."""
-    by_arm = {a: [r for r in rows if r["arm"] == a] for a in ARMS}
-    for arm, mine in by_arm.items():
-        lost = original_losses(mine, original, tasks) if mine else None
-        if lost is not None:
-            tally["cells"][arm] += len(tasks)
-            tally["lost"][arm] += len(lost)
-    for arm in [a for a in ARMS if a != "stratified" and by_arm[a]]:
-        found = arm_differences(by_arm["stratified"], by_arm[arm], tasks) if by_arm["stratified"] else None
-        if found is None:
-            continue
-        tally["compared"] += len(tasks)
-        tally["found"] += len(found[0])
-        if original is not None:
-            tally["above"] += sum(max(a, b) > original["scores"][t] + TOLERANCE for t, _, a, b in found[0])
+def kind(label: str) -> str:
+    """The column a tally counts under: the best single-task arm whichever task it is."""
+    return BEST_SINGLE if label.startswith(BEST_SINGLE) else label
+
+
+def count(tally: dict, figures: dict, shown: list[tuple[str, str]], tasks: list[str]) -> None:
+    """Add one table's losses against the original beyond the interval and stratified's outcomes
+    to ``tally`` (column -> counts)."""
+    for label, arm in shown:
+        counts = tally.setdefault(kind(label), {"cells": 0, "lost": 0, "wins": 0, "ties": 0, "loses": 0})
+        for task in tasks:
+            loss = figures["loss"][arm][task]
+            if loss is not None:
+                counts["cells"] += 1
+                counts["lost"] += side(loss) == 1
+            difference = (figures["difference"].get(arm) or {}).get(task)
+            if difference is not None and outcome(difference) in ("wins", "ties", "loses"):
+                counts[outcome(difference)] += 1
 
 
 def overall(tally: dict, tables: int, *, stale: bool = False) -> str:
     """The paragraph over every current table (or, ``stale``, every stale one): losses against the
-    original, differences between arms."""
-    judged = [a for a in ARMS if tally["cells"][a]]
-    losses = "; ".join(f"{a} {tally['lost'][a]} of {tally['cells'][a]}" for a in judged)
+    original, and stratified's outcomes against each arm."""
+    judged = [c for c, n in tally.items() if n["cells"]]
+    losses = "; ".join(f"{c} {tally[c]['lost']} of {tally[c]['cells']}" for c in judged)
+    outcomes = [
+        f"{c}: stratified wins {n['wins']}, ties {n['ties']}, loses {n['loses']}"
+        for c, n in tally.items()
+        if c != "stratified" and n["wins"] + n["ties"] + n["loses"]
+    ]
     return (
         (f"Over the {tables} stale tables (figures measured at earlier commits)" if stale else f"Over all {tables} tables")
-        + " (recipe x size): (recipe, size, task) cells where an arm lost against "
-        "the original beyond its seed spread: "
-        + (losses if judged else "none judged (no original, or fewer than two seeds)")
-        + f". Differences from stratified beyond the seed spread: {tally['found']} of {tally['compared']} "
-        "(arm, recipe, size, task) comparisons"
-        + (f", {tally['above']} of them with the better arm above the original (item noise)" if tally["found"] else "")
+        + " (recipe x size): (recipe, size, task) cells where an arm lost against the original beyond "
+        "its interval: "
+        + (losses if judged else "none judged (no original, or rows without per-item scores)")
+        + ". Stratified against each arm, (recipe, size, task) comparisons: "
+        + ("; ".join(outcomes) if outcomes else "none judged")
         + "."
     )
 
@@ -544,11 +711,24 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", type=Path, required=True, help="a tiny-omni-skills folder")
+    parser.add_argument(
+        "--model", type=Path, required=True, help="a skills model folder (tiny- or smol-omni-skills: its skills.json)"
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/quantkit-skills-exp"), help="scratch")
-    parser.add_argument("--results", type=Path, default=RESULTS, help="the stored rows (JSON)")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        help="the stored rows (JSON; default: the suite's, "
+        + ", ".join(f"{suite} {path.relative_to(ROOT)}" for suite, path in RESULTS_FILES.items())
+        + ")",
+    )
     parser.add_argument("--recipes", default="w4a16,w8a8-sq-gptq,fp8")
-    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument(
+        "--arms",
+        default=",".join([*ARMS, ALL_SINGLE]),
+        help=f"comma separated: {', '.join(ARMS)}, {SINGLE}TASK (one task's records alone) or "
+        f"{ALL_SINGLE} (every task's single-task arm)",
+    )
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--sizes", default="32,128", help="calibration set sizes, comma separated")
     parser.add_argument("--items", type=int, default=24, help="held-out items per task")
@@ -556,17 +736,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--write-results", type=Path, help="RESULTS.md to write the section into")
     parser.add_argument("--render-only", action="store_true", help="render the stored rows, measure nothing")
     args = parser.parse_args(argv)
-    arms = csv(args.arms)
-    unknown = set(arms) - set(ARMS)
+    from quantkit.errors import QuantkitError
+
+    try:
+        suite = model_suite(args.model)
+    except QuantkitError as err:
+        parser.error(f"--model {args.model}: {err}")
+    known = suite_arms(suite)
+    arms = [a for part in csv(args.arms) for a in (known[len(ARMS) :] if part == ALL_SINGLE else [part])]
+    unknown = [a for a in arms if a not in known]
     if unknown:
-        raise SystemExit(f"unknown arms: {', '.join(sorted(unknown))} (known: {', '.join(ARMS)})")
+        parser.error(f"unknown arms: {', '.join(unknown)} (known for {suite.SUITE}: {', '.join(known)})")
+    results = args.results or RESULTS_FILES.get(suite.SUITE, ROOT / "bench" / f"skills_experiment-{suite.SUITE}.json")
     import torch
 
     torch.set_num_threads(2)
 
     identity = model_identity(args.model)
     state = code_state()
-    data = load(args.results)
+    data = load(results)
     settings = {"items": args.items, "pool_per_task": args.pool_per_task, "pool_seed": POOL_SEED}
     plan = [
         (recipe, arm, int(size), int(seed))
@@ -584,7 +772,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"original: cached (made by {row['provenance']['commit']})", flush=True)
         else:
             data["original"][name] = original_row(args.model, identity, state, args.items)
-            save(args.results, data)
+            save(results, data)
             print(f"original: scored in {data['original'][name]['seconds']:.0f} s", flush=True)
         pool, built, took = None, set(), []
         for index, (recipe, arm, size, seed) in enumerate(plan, 1):
@@ -603,8 +791,13 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{head}: measuring", flush=True)
             clock = time.monotonic()
             if pool is None:
-                pool = write_pool(args.work, args.pool_per_task)
-            measured = measure_run(args.model, pool, args.work, recipe, arm, size, seed, args.items, built)
+                pool = write_pool(args.work, args.pool_per_task, suite)
+            try:
+                measured = measure_run(
+                    args.model, pool, args.work, recipe, arm, size, seed, args.items, built, suite
+                )
+            except QuantkitError as err:  # a size calibrate refuses, ...: the rows so far are saved
+                parser.exit(2, f"{head}: {err}\n")
             from _shared import loaded_sources
 
             spec = run_spec(recipe, arm, size, identity)
@@ -618,7 +811,7 @@ def main(argv: list[str] | None = None) -> None:
                 **measured,
                 "provenance": row_key(name, spec, settings, state, loaded_sources()),
             }
-            save(args.results, data)
+            save(results, data)
             took.append(time.monotonic() - clock)
             left = (len(plan) - index) * statistics.mean(took)
             print(
@@ -627,12 +820,14 @@ def main(argv: list[str] | None = None) -> None:
                 f"at most ~{left:.0f} s to go",
                 flush=True,
             )
-    text = render(data, *expected_keys(data, identity, state))
+    resolved = results.resolve()
+    shown = resolved.relative_to(ROOT) if resolved.is_relative_to(ROOT) else results
+    text = render(data, *expected_keys(data, identity, state), results_name=str(shown))
     print(text)
     if args.write_results:
         from _shared import replace_section
 
-        replace_section(args.write_results, SECTION, text)
+        replace_section(args.write_results, f"{SECTION_TITLE} ({suite.SUITE})", text)
 
 
 if __name__ == "__main__":

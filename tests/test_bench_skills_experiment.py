@@ -24,9 +24,13 @@ SETTINGS = {"items": 8, "pool_per_task": 4, "pool_seed": se.POOL_SEED}
 
 
 def fake_row(
-    recipe: str, arm: str, size: int, seed: int, scores: dict[str, float], identity=IDENTITY
+    recipe: str, arm: str, size: int, seed: int, scores: dict[str, float], identity=IDENTITY,
+    items: dict[str, list[float]] | None = None,
 ) -> dict:
-    """A row as main() stores it, keyed as the code and ``identity`` key it."""
+    """A row as main() stores it, keyed as the code and ``identity`` key it; ``items``: per task,
+    its per-item scores (the task's score is their mean), without them the row has none (as rows
+    made before they were kept)."""
+    items = items or {}
     row = {
         "recipe": recipe,
         "arm": arm,
@@ -38,88 +42,139 @@ def fake_row(
         "quantize_s": 10.0 + seed,
         "score_s": 5.0,
         "items": SETTINGS["items"],
-        "scores": {name: scores.get(name, 0.5) for name in TASK_NAMES},
+        "scores": {name: statistics.mean(items[name]) if name in items else scores.get(name, 0.5) for name in TASK_NAMES},
     }
+    if items:
+        row["suite"] = "tiny-omni-skills"
+        row["item_scores"] = {name: se.item_text(items.get(name, [0.5] * ITEMS)) for name in TASK_NAMES}
     row["provenance"] = se.expected_run(
         row | {"provenance": {"files": ["quantkit/errors.py"]}}, identity, STATE
     )
     return row
 
 
-def fake_data(per_arm: dict[str, list[dict[str, float]]], recipe="w4a16", size=32) -> dict:
-    """Stored rows: per arm, one score dict per seed."""
+def fake_data(per_arm: dict[str, list[dict]], recipe="w4a16", size=32, *, per_item=False) -> dict:
+    """Stored rows: per arm, one dict per seed (task -> score, or with ``per_item`` task -> its
+    per-item scores)."""
     runs = {}
     for arm, seeds in per_arm.items():
-        for seed, scores in enumerate(seeds):
-            runs[se.run_name(recipe, arm, size, seed)] = fake_row(recipe, arm, size, seed, scores)
+        for seed, values in enumerate(seeds):
+            if per_item:
+                row = fake_row(recipe, arm, size, seed, {}, items=values)
+            else:
+                row = fake_row(recipe, arm, size, seed, values)
+            runs[se.run_name(recipe, arm, size, seed)] = row
     return {"original": {}, "runs": runs}
 
 
-def test_summary_names_the_better_arm_and_by_how_much_beyond_the_spread():
-    task = TASK_NAMES[0]
-    stratified, uniform = [0.9, 0.8], [0.5, 0.6]
-    data = fake_data({"stratified": [{task: v} for v in stratified], "uniform": [{task: v} for v in uniform]})
-    lines = se.summary(list(data["runs"].values()), TASK_NAMES)
-    diff = statistics.mean(stratified) - statistics.mean(uniform)
-    assert len(lines) == 1
-    assert f"{task}: stratified better by {diff:.3f}" in lines[0]
-    assert f"no difference beyond the seed spread on the other {len(TASK_NAMES) - 1} tasks" in lines[0]
+ITEMS = 60
+# stratified right on every other item; the arm wrong on 8 of those: 8 / 60 points behind, on the
+# same items, while the two scores' own item spreads are far wider than that
+STRATIFIED_ITEMS = [float(i % 2) for i in range(ITEMS)]
+ARM_ITEMS = [0.0 if i % 2 and i < 16 else v for i, v in enumerate(STRATIFIED_ITEMS)]
 
-    flipped = fake_data(
-        {"stratified": [{task: v} for v in uniform], "uniform": [{task: v} for v in stratified]}
+
+def test_the_difference_from_stratified_pairs_the_same_items():
+    """arm - stratified on the same items, with the gate's paired bootstrap: stratified's lead of
+    8 items in 60 is beyond the interval; the same scores with the arm's items in another order
+    (pairing lost) are not."""
+    from quantkit.eval.gate import paired_interval, paired_loss
+
+    task = TASK_NAMES[0]
+    data = fake_data({"stratified": [{task: STRATIFIED_ITEMS}], "uniform": [{task: ARM_ITEMS}]}, per_item=True)
+    rows = list(data["runs"].values())
+    figures = se.judge(rows, TASK_NAMES, None)
+    difference = figures["difference"]["uniform"][task]
+    assert difference["diff"] == paired_loss(ARM_ITEMS, STRATIFIED_ITEMS) == pytest.approx(-100 * 8 / ITEMS, abs=1e-4)
+    assert (difference["low"], difference["high"]) == paired_interval(ARM_ITEMS, STRATIFIED_ITEMS)
+    assert difference["high"] < 0 and se.outcome(difference) == "wins"
+    assert figures["difference"]["uniform"][TASK_NAMES[1]]["diff"] == 0  # 0.5 everywhere on both sides
+
+    unpaired = fake_data(
+        {"stratified": [{task: STRATIFIED_ITEMS}], "uniform": [{task: ARM_ITEMS[::-1]}]}, per_item=True
     )
-    (line,) = se.summary(list(flipped["runs"].values()), TASK_NAMES)
-    assert f"{task}: uniform better by {diff:.3f}" in line
+    moved = se.judge(list(unpaired["runs"].values()), TASK_NAMES, None)["difference"]["uniform"][task]
+    assert moved["diff"] == difference["diff"] and se.outcome(moved) == "ties"
+    # the same held-out items on both sides or none: a row scored on other items is refused
+    other = fake_data({"stratified": [{task: STRATIFIED_ITEMS}], "uniform": [{task: ARM_ITEMS[:-1]}]}, per_item=True)
+    with pytest.raises(ValueError, match="paired"):
+        se.judge(list(other["runs"].values()), TASK_NAMES, None)
 
 
-def test_an_arm_above_the_original_is_labelled_and_losses_against_it_reported():
-    task = TASK_NAMES[1]
-    data = fake_data({"stratified": [{task: 7 / 24}, {task: 6 / 24}], "uniform": [{task: 5 / 24}, {task: 5 / 24}]})
-    original = {"scores": dict.fromkeys(TASK_NAMES, 0.5) | {task: 6 / 24}}
-    lines = se.summary(list(data["runs"].values()), TASK_NAMES, original)
-    assert f"- uniform vs the original: lost beyond its seed spread on {task} {5 / 24:.3f} ± 0.000 vs {6 / 24:.3f}" in lines
-    assert "- stratified vs the original: no loss beyond its seed spread on any task" in lines
-    (versus,) = [line for line in lines if line.startswith("- uniform vs stratified")]
-    mean = statistics.mean([7 / 24, 6 / 24])
-    assert f"{task}: stratified {mean:.3f} vs uniform {5 / 24:.3f}, original {6 / 24:.3f} (stratified above the original: item noise" in versus
-    tally = {"cells": dict.fromkeys(se.ARMS, 0), "lost": dict.fromkeys(se.ARMS, 0), "compared": 0, "found": 0, "above": 0}
-    se.count(tally, list(data["runs"].values()), TASK_NAMES, original)
-    text = se.overall(tally, 1)
-    assert f"stratified 0 of {len(TASK_NAMES)}; uniform 1 of {len(TASK_NAMES)}" in text
-    assert f"1 of {len(TASK_NAMES)} (arm, recipe, size, task) comparisons, 1 of them with the better arm above the original" in text
-
-
-def test_a_tie_at_the_spread_is_no_difference_whatever_the_float_rounding():
+def test_seeds_are_averaged_item_by_item_before_pairing():
     task = TASK_NAMES[0]
-    stratified, uniform = [0 / 24, 1 / 24], [1 / 24, 2 / 24]  # means 1/24 apart, spreads 1/24
-    assert statistics.mean(uniform) - statistics.mean(stratified) > 1 / 24 - 0 / 24  # float rounding
-    data = fake_data({"stratified": [{task: v} for v in stratified], "uniform": [{task: v} for v in uniform]})
-    (line,) = se.summary(list(data["runs"].values()), TASK_NAMES)
-    assert line == "- uniform vs stratified: no difference beyond the seed spread on any task"
-
-
-def test_a_difference_within_the_larger_spread_is_no_difference():
-    task = TASK_NAMES[0]
-    # means differ by 0.05, stratified's spread is 0.2: within it
-    data = fake_data({"stratified": [{task: 0.9}, {task: 0.7}], "text-only": [{task: 0.75}, {task: 0.75}]})
-    (line,) = se.summary(list(data["runs"].values()), TASK_NAMES)
-    assert line == "- text-only vs stratified: no difference beyond the seed spread on any task"
-
-
-def test_one_seed_is_not_judged():
-    data = fake_data({"stratified": [{TASK_NAMES[0]: 1.0}], "uniform": [{TASK_NAMES[0]: 0.0}]})
-    (line,) = se.summary(list(data["runs"].values()), TASK_NAMES)
-    assert "fewer than two seeds" in line and "better" not in line
-
-
-def test_render_one_table_per_recipe_and_size_from_the_rows_only():
-    task = TASK_NAMES[0]
-    data = fake_data({"stratified": [{task: 0.9}, {task: 0.8}], "uniform": [{task: 0.5}, {task: 0.6}]})
-    data["runs"].update(
-        fake_data({"stratified": [{}, {}], "captions-only": [{}, {}]}, size=128)["runs"]
-        | fake_data({"stratified": [{}, {}]}, recipe="fp8")["runs"]
+    first, second = ARM_ITEMS, [1.0] * ITEMS
+    data = fake_data(
+        {"stratified": [{task: STRATIFIED_ITEMS}] * 2, "uniform": [{task: first}, {task: second}]}, per_item=True
     )
-    original = {"items": SETTINGS["items"], "model": IDENTITY, "scores": dict.fromkeys(TASK_NAMES, 1.0)}
+    figures = se.judge(list(data["runs"].values()), TASK_NAMES, None)
+    averaged = [(a + b) / 2 for a, b in zip(first, second, strict=True)]
+    assert figures["difference"]["uniform"][task] == se.paired(averaged, STRATIFIED_ITEMS)
+    original = {"scores": {}, "item_scores": {t: se.item_text([1.0] * ITEMS) for t in TASK_NAMES}}
+    loss = se.judge(list(data["runs"].values()), TASK_NAMES, original)["loss"]["uniform"][task]
+    assert loss == se.paired([1.0] * ITEMS, averaged) and loss["diff"] > 0
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "said"),
+    [(-3.0, -0.1, "wins"), (0.1, 3.0, "loses"), (-1.0, 0.0, "ties"), (0.0, 2.0, "ties"), (-1.0, 1.0, "ties")],
+)
+def test_stratified_wins_loses_or_ties_by_the_interval_ends(low, high, said):
+    assert se.outcome({"n": ITEMS, "diff": (low + high) / 2, "low": low, "high": high}) == said
+
+
+def test_too_few_items_are_not_judged_and_the_verdict_names_the_tasks():
+    from quantkit.eval.gate import MIN_ITEMS
+
+    assert se.outcome({"n": MIN_ITEMS - 1, "diff": -5.0, "low": -9.0, "high": -1.0}) == "not judged"
+    figure = {"wins": (-3.0, -1.0), "loses": (1.0, 3.0), "ties": (-1.0, 1.0)}
+    tasks = ["a", "b", "c", "d"]
+    differences = {
+        t: {"n": ITEMS, "diff": 0.0, "low": figure[w][0], "high": figure[w][1]}
+        for t, w in zip(tasks, ["wins", "ties", "loses", "wins"], strict=True)
+    }
+    assert se.verdict("uniform", differences, tasks) == "vs uniform: wins on a, d; loses on c; ties on b"
+    assert se.verdict("uniform", dict.fromkeys(tasks), tasks) == "vs uniform: not judged (rows without per-item scores)"
+
+
+def test_the_best_single_task_arm_is_the_highest_mean_over_tasks():
+    """Not the arm with the best single task: single:caption tops one task, single:asr the mean
+    over all; a tie goes to the arm first in the suite's task order."""
+    first, second = TASK_NAMES[0], TASK_NAMES[1]
+    rows = list(
+        fake_data(
+            {
+                "single:caption": [{first: 1.0}, {first: 0.9}],
+                "single:asr": [{first: 0.7, second: 0.8}, {first: 0.7, second: 0.8}],
+                "stratified": [{first: 1.0, second: 1.0}],
+            }
+        )["runs"].values()
+    )
+    best, means = se.best_single(rows, TASK_NAMES)
+    assert best == "single:asr" and set(means) == {"single:caption", "single:asr"}
+    assert means["single:asr"] > means["single:caption"]
+    assert se.compared_arms(rows, TASK_NAMES) == [("stratified", "stratified"), ("best single-task (single:asr)", "single:asr")]
+    tied = [r | {"scores": dict.fromkeys(TASK_NAMES, 0.5)} for r in rows if r["arm"].startswith("single:")]
+    assert se.best_single(tied, TASK_NAMES)[0] == "single:caption"  # caption comes before asr in the suite
+    assert TASK_NAMES.index("caption") < TASK_NAMES.index("asr")
+    assert se.best_single([r for r in rows if r["arm"] == "stratified"], TASK_NAMES) is None
+
+
+def test_render_tables_intervals_and_a_verdict_line_per_recipe_and_size():
+    task = TASK_NAMES[0]
+    per_arm = {
+        "stratified": [{task: STRATIFIED_ITEMS}, {task: STRATIFIED_ITEMS}],
+        "uniform": [{task: ARM_ITEMS}, {task: ARM_ITEMS}],
+        "single:caption": [{task: [1.0] * ITEMS}, {task: [1.0] * ITEMS}],
+        "single:asr": [{}, {}],
+    }
+    data = fake_data(per_arm, per_item=True)
+    data["runs"].update(fake_data(per_arm, size=128, per_item=True)["runs"])
+    data["runs"].update(fake_data({"stratified": [{}], "uniform": [{}]}, recipe="fp8")["runs"])  # no per-item scores
+    original = {
+        "items": SETTINGS["items"], "model": IDENTITY, "scores": dict.fromkeys(TASK_NAMES, 0.5),
+        "item_scores": {t: se.item_text([0.5] * ITEMS) for t in TASK_NAMES} | {task: se.item_text(STRATIFIED_ITEMS)},
+    }  # fmt: skip
     original["provenance"] = se.expected_original(original | {"provenance": {"files": None}}, IDENTITY, STATE)
     data["original"][se.original_name(IDENTITY, SETTINGS["items"])] = original
     text = se.render(data, *se.expected_keys(data, IDENTITY, STATE))
@@ -131,17 +186,82 @@ def test_render_one_table_per_recipe_and_size_from_the_rows_only():
         "### fp8, 32 calibration samples",
     ]
     first = text.split("### ")[1]
-    assert "| group | task | original | stratified | uniform |" in first
-    mean, spread = statistics.mean([0.9, 0.8]), 0.9 - 0.8
-    assert f"| {TASKS[0].group} | {task} | 1.000 | {mean:.3f} ± {spread:.3f} (n=2) |" in first
+    columns = "stratified | uniform | best single-task (single:caption) |"
+    assert f"| group | task | original | {columns}" in first
+    assert f"| group | task | {columns}" in first  # the loss table
+    assert "| group | task | uniform | best single-task (single:caption) |" in first  # the difference table
+    assert f"| {TASKS[0].group} | {task} | 0.500 | 0.500 ± 0.000 (n=2) |" in first
+    assert "Single-task arms, mean score over the tasks: single:caption " in first
+    assert "best single-task: single:caption." in first
+    uniform = se.paired(ARM_ITEMS, STRATIFIED_ITEMS)
+    loss = se.paired(STRATIFIED_ITEMS, ARM_ITEMS)
+    assert f"| {TASKS[0].group} | {task} | +0.0 [+0.0, +0.0] | {loss['diff']:+.1f} [{loss['low']:+.1f}, {loss['high']:+.1f}] | -50.0 [" in first
+    assert f"| {uniform['diff']:+.1f} [{uniform['low']:+.1f}, {uniform['high']:+.1f}] wins |" in first
+    rest = ", ".join(TASK_NAMES[1:])
+    assert (
+        f"**Verdict, w4a16 at 32 samples:** stratified vs uniform: wins on {task}; ties on {rest}. Stratified vs "
+        f"best single-task (single:caption): loses on {task}; ties on {rest}."
+    ) in first
     assert f"made by {STATE['commit']} (current)." in first and "stale" not in text
-    assert "In plain words (w4a16, 32 samples):" in first
-    assert f"{task}: stratified {mean:.3f} vs uniform 0.550, original 1.000 (stratified better by 0.300)" in first
-    assert "- uniform vs the original: lost beyond its seed spread on" in first
-    assert "Over all 3 tables (recipe x size):" in text
-    # the 128 table has no uniform arm and says so by its columns
-    assert "| group | task | original | stratified | captions-only |" in text.split("### ")[2]
+    fp8 = text.split("### ")[3]
+    assert "No loss or difference intervals: these rows hold no per-item scores" in fp8 and "| - |" not in fp8
+    assert "stratified vs uniform: not judged (rows without per-item scores)." in fp8
+    assert (
+        "Over all 3 tables (recipe x size): (recipe, size, task) cells where an arm lost against the original "
+        f"beyond its interval: stratified 0 of {2 * len(TASK_NAMES)}; uniform 2 of {2 * len(TASK_NAMES)}; "
+        f"best single-task 0 of {2 * len(TASK_NAMES)}."
+    ) in text
+    assert (
+        f"uniform: stratified wins 2, ties {2 * len(TASK_NAMES) - 2}, loses 0; best single-task: stratified "
+        f"wins 0, ties {2 * len(TASK_NAMES) - 2}, loses 2."
+    ) in text
     assert "No rows yet" in se.render({"original": {}, "runs": {}})
+    assert se.render(data, *se.expected_keys(data, IDENTITY, STATE)) == text  # seeded: the same bytes
+
+
+def test_rows_of_another_suite_render_that_suites_tasks():
+    from quantkit.synthetic import smol_tasks
+
+    row = fake_row("w4a16", "stratified", 32, 0, {})
+    row |= {"suite": smol_tasks.SUITE, "scores": {t.name: 0.5 for t in smol_tasks.TASKS}}
+    text = se.render({"original": {}, "runs": {se.run_name("w4a16", "stratified", 32, 0): row}})
+    assert "| text | capitals | not measured | 0.500 ± 0.000 (n=1) |" in text and "arithmetic" not in text
+
+
+def test_every_arm_draws_from_its_own_records_for_either_suite(tmp_path):
+    """The single-task, text-only and captions-only arms pick their records by the suite's tasks:
+    tiny-omni-skills' arithmetic and caption, smol-omni-skills' capitals and caption."""
+    from quantkit.synthetic import skills_tasks, smol_tasks
+
+    for suite, text_task in ((skills_tasks, "arithmetic"), (smol_tasks, "capitals")):
+        assert se.suite_arms(suite)[: len(se.ARMS)] == list(se.ARMS)
+        assert se.suite_arms(suite)[len(se.ARMS) :] == [f"single:{t.name}" for t in suite.TASKS]
+        assert se.arm_families("text-only", suite) == {suite.TASKS_BY_NAME[text_task].family}
+        assert se.arm_families("captions-only", suite) == {suite.TASKS_BY_NAME["caption"].family}
+    pool = se.write_pool(tmp_path / "smol", 2, smol_tasks)
+    for arm, task in (("single:ocr_table", "ocr_table"), ("captions-only", "caption"), ("text-only", "capitals")):
+        samples, label = se.arm_samples(arm, pool, tmp_path, 3, 0, tmp_path, set(), smol_tasks)
+        assert len(samples) == 3 and label == f"{arm}, seed 0"  # 2 records repeated to 3
+        prompts = {s.messages[0]["content"] for s in samples}
+        expected = {r["messages"][0]["content"] for r in se.pool_records(pool) if r["id"].startswith(task + "-")}
+        assert prompts <= expected, arm
+
+
+def test_arms_come_from_the_models_suite_and_unknown_ones_are_refused(tmp_path, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights")
+    (model / "skills.json").write_text(json.dumps({"suite": "smol-omni-skills"}))
+    argv = ["--model", str(model), "--results", str(tmp_path / "rows.json"), "--render-only"]
+    with pytest.raises(SystemExit) as raised:
+        se.main([*argv, "--arms", "stratified,single:arithmetic"])
+    assert raised.value.code == 2
+    assert "unknown arms: single:arithmetic (known for smol-omni-skills:" in capsys.readouterr().err
+    se.main([*argv, "--arms", "stratified,single"])  # every task's single arm: known
+    (model / "skills.json").unlink()
+    with pytest.raises(SystemExit) as raised:
+        se.main(argv)
+    assert raised.value.code == 2 and "skills.json" in capsys.readouterr().err
 
 
 def test_a_changed_model_identity_settings_or_code_invalidates_a_row():
@@ -196,6 +316,7 @@ def test_render_only_writes_the_section_and_marks_rows_of_another_model_stale(tm
     model = tmp_path / "model"
     model.mkdir()
     (model / "model.safetensors").write_bytes(b"weights")
+    (model / "skills.json").write_text(json.dumps({"suite": "tiny-omni-skills"}))
     identity = se.model_identity(model)
     state = se.code_state()
     row = fake_row("w4a16", "stratified", 32, 0, {}, identity=identity)
@@ -219,27 +340,41 @@ def test_render_only_writes_the_section_and_marks_rows_of_another_model_stale(tm
 
 @pytest.mark.slow
 def test_a_run_is_measured_once_then_reused(zoo_model, tmp_path, capsys):
-    """One tiny quantize of the zoo's random Omni thinker: the row is stored with its keys, and a
-    second invocation with the same model, code and settings reuses it."""
-    model = zoo_model("tiny-qwen2.5-omni")
+    """Two tiny quantizes of tiny-omni-skills (text only and one single-task arm): each row keeps
+    its per-item scores on the suite's held-out items, the section shows the best single-task arm,
+    and a second invocation with the same model, code and settings reuses every row."""
+    model = zoo_model("tiny-omni-skills")
     results = tmp_path / "rows.json"
     argv = [
         "--model", str(model), "--work", str(tmp_path / "work"), "--results", str(results),
-        "--recipes", "w4a16", "--arms", "text-only", "--sizes", "2", "--seeds", "0",
-        "--items", "1", "--pool-per-task", "2",
+        "--recipes", "w4a16", "--arms", "text-only,single:caption", "--sizes", "2", "--seeds", "0",
+        "--items", "2", "--pool-per-task", "2",
     ]  # fmt: skip
     se.main(argv)
     out = capsys.readouterr().out
-    assert "[1/1] w4a16/text-only/2/0: measuring" in out and "done in" in out
+    assert "[1/2] w4a16/text-only/2/0: measuring" in out and "[2/2] w4a16/single:caption/2/0: measuring" in out
     data = json.loads(results.read_text())
-    (row,) = data["runs"].values()
-    assert row["items"] == 1 and set(row["scores"]) == set(TASK_NAMES)
-    assert row["model"]["hash"] == se.model_identity(model)["hash"]
-    assert row["provenance"]["files"] and "quantkit/quantize/__init__.py" in row["provenance"]["files"]
+    assert set(data["runs"]) == {"w4a16/text-only/2/0", "w4a16/single:caption/2/0"}
     (original,) = data["original"].values()
-    assert set(original["scores"]) == set(TASK_NAMES)
+    for row in [*data["runs"].values(), original]:
+        assert row["suite"] == "tiny-omni-skills" and set(row["scores"]) == set(TASK_NAMES)
+        for task in TASK_NAMES:
+            values = [float(v) for v in row["item_scores"][task].split()]
+            assert len(values) == 2 and statistics.mean(values) == pytest.approx(row["scores"][task], abs=1e-6)
+    row = data["runs"]["w4a16/single:caption/2/0"]
+    assert row["items"] == 2 and row["model"]["hash"] == se.model_identity(model)["hash"]
+    assert row["provenance"]["files"] and "quantkit/quantize/__init__.py" in row["provenance"]["files"]
+    assert (tmp_path / "work" / "ckpt-w4a16-single-caption-2-0" / "skills.json").is_file()
+    assert "| text-only | best single-task (single:caption) |" in out
 
     se.main(argv)
     out = capsys.readouterr().out
-    assert "[1/1] w4a16/text-only/2/0: cached" in out and "original: cached" in out
+    assert "[2/2] w4a16/single:caption/2/0: cached" in out and "original: cached" in out
+    assert json.loads(results.read_text()) == data
+
+    # a size calibrate refuses (fewer samples than strata) is a usage error, not a traceback
+    with pytest.raises(SystemExit) as raised:
+        se.main(["stratified" if a == "text-only,single:caption" else a for a in argv])
+    assert raised.value.code == 2
+    assert "w4a16/stratified/2/0: " in capsys.readouterr().err
     assert json.loads(results.read_text()) == data
