@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -161,3 +162,20 @@ def test_the_per_task_table_names_each_checkpoint_by_its_recipe(tmp_path):
     assert "…" not in header and prefix not in header
     flat = result.output.replace("\n", "")
     assert all(f"#{i} {folder}" in flat for i, folder in enumerate(checkpoints, 1)), result.output
+
+
+def test_a_checkpoint_is_scored_on_the_originals_suite(tmp_path):
+    """quantize writes no skills.json into a checkpoint: eval and build score it on the tasks of the
+    original's skills.json (smol-omni-skills' here), not tiny-omni-skills' default suite."""
+    import shutil
+
+    from quantkit.synthetic import smol_tasks
+    from quantkit.zoo.models import build_zoo_model
+
+    original = build_zoo_model("tiny-omni-skills", tmp_path / "original")
+    (original / "skills.json").write_text(json.dumps(skills_manifest(smol_tasks)), encoding="utf-8")
+    checkpoint = Path(shutil.copytree(original, tmp_path / "checkpoint"))
+    (checkpoint / "skills.json").unlink()
+    report = evaluate_skills(original, [checkpoint], items=2, tasks=["capitals"], write=False)
+    assert [t.task for t in report.checkpoints[0].tasks] == ["capitals"]
+    assert report.checkpoints[0].tasks[0].item_scores == report.original.tasks[0].item_scores

@@ -121,7 +121,9 @@ class GateInputs:
         missing = [name for name in self.eval_names if name not in items]
         if missing:
             try:
-                scored = score_model(Path(entry.checkpoint), missing, items=self.eval_items)
+                scored = score_model(
+                    Path(entry.checkpoint), missing, items=self.eval_items, suite_from=self.model_dir
+                )
             except QuantkitError as error:
                 entry.status, entry.reasons = "error", [*entry.reasons, f"eval: {error}"]
                 return

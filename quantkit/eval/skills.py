@@ -156,12 +156,24 @@ def _load(model_dir: Path):
 
 
 def score_model(
-    model_dir: Path, task_names: list[str], *, items: int = 32, batch: int = 16, log=None
+    model_dir: Path,
+    task_names: list[str],
+    *,
+    items: int = 32,
+    batch: int = 16,
+    log=None,
+    suite_from: Path | None = None,
 ) -> ModelScores:
-    """Generate greedily for ``items`` held-out items per task and score each by its metric."""
+    """Generate greedily for ``items`` held-out items per task and score each by its metric.
+
+    The tasks are those of the ``skills.json`` in ``suite_from`` (the original model, for a
+    checkpoint: quantize does not copy skills.json), else in ``model_dir``, else tiny-omni-skills'."""
     started = time.monotonic()
 
-    suite = suite_module(read_skills(model_dir)) if (Path(model_dir) / "skills.json").is_file() else None
+    manifest_dir = next(
+        (Path(d) for d in (suite_from, model_dir) if d and (Path(d) / "skills.json").is_file()), None
+    )
+    suite = suite_module(read_skills(manifest_dir)) if manifest_dir else None
     model, processor = _load(Path(model_dir))
     label = Path(model_dir).name
     results = score_loaded(
@@ -322,7 +334,7 @@ def evaluate_skills(
         if not (Path(folder) / "config.json").is_file():
             raise InputError("not a model folder (no config.json)", path=folder)
     base = score_model(original, names, items=items, log=log)
-    scored = [score_model(c, names, items=items, log=log) for c in checkpoints]
+    scored = [score_model(c, names, items=items, log=log, suite_from=original) for c in checkpoints]
     report = SkillsReport(base, scored, max_loss, items)
     if write:
         for folder, result in zip(checkpoints, scored, strict=True):
