@@ -916,14 +916,15 @@ def scheme_class(name: str, variants: dict) -> tuple[str, str] | None:
     in words ("NVFP4A16: fp4 weights, 16-bit activations"), from the recipe; None for other runs."""
     if not name.startswith("quantkit-"):
         return None
-    scheme = preset_dict(run_recipe(name, variants))
+    recipe = run_recipe(name, variants)
+    scheme = preset_dict(recipe)
     weights, acts = scheme["weights"], scheme.get("input_activations")
     wbits, abits = weights["num_bits"], acts["num_bits"] if acts else 16
     kind = {"float": "fp", "int": "int"}
     words = f"{kind[weights['type']]}{wbits} weights, " + (
         f"{kind[acts['type']]}{abits} activations" if acts else "16-bit activations"
     )
-    return f"W{wbits}A{abits}", f"{scheme['preset']}: {words}"
+    return f"W{wbits}A{abits}", f"{recipe.scheme}: {words}"
 
 
 def is_shipped(name: str) -> bool:
