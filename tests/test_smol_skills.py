@@ -133,8 +133,20 @@ def test_items_are_reproducible_and_answers_exact():
         del rows[1]  # the Markdown rule line
         assert read.split("\n") == [" |".join(row) for row in rows]
     for item in smol_tasks.make_items("grounding", 20, seed=1):
-        box = json.loads(item.answer)
-        assert all(v % smol_tasks.CELL == 0 for v in box) and box[0] < box[2] and box[1] < box[3]
+        box = json.loads(item.answer)  # grid cells: objects on rows 1-4, columns 0-8, end exclusive
+        assert 0 <= box[0] < box[2] <= smol_tasks.OBJECT_COLUMNS and 1 <= box[1] < box[3] <= smol_tasks.SCENE_ROWS
+        assert [str(v) for v in box] in [item.targets[0][2:6], item.targets[0][8:12]]  # read out on row 0
+
+
+def test_joint_stage_needs_the_towers_and_lm_stages_first(tmp_path):
+    """The joint stage trains the LoRA on the trained towers' outputs: without them it says which
+    stage to run first instead of training on untrained towers."""
+    from quantkit.errors import InputError
+
+    with pytest.raises(InputError, match="towers.pt") as caught:
+        smol_skills.train("joint", 1, tmp_path)
+    assert "--stage towers" in caught.value.hint
+    assert not (tmp_path / "joint.pt").exists()
 
 
 def test_skills_manifest_names_the_suite(tmp_path):

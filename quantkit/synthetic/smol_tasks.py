@@ -4,8 +4,8 @@ The towers are trained from scratch and cheaply: each item carries, beside its m
 token every merged vision token or audio token should "read as" (``Item.targets``). The towers learn to
 emit those tokens' embeddings (no backward pass through the language model), and the language model
 learns, through a small LoRA, to answer from such embeddings. What the answer needs is then the
-language model's own precision: copying eight digits in order, laying out a Markdown table, turning
-cell indices into pixel boxes, finding where an event starts and ends, collapsing a word sequence.
+language model's own precision: copying eight digits in order, laying out a Markdown table, picking
+one object's four box coordinates, finding where an event starts and ends, collapsing a word sequence.
 
 Layouts follow the towers' grids (shared/notes/training-tiny-omni.md): a merged vision token covers
 28 x 28 pixels (2 x 2 patches of 14), a video temporal patch is one second (2 frames at 2 fps), an
@@ -237,7 +237,7 @@ def make_table(rng) -> Item:
 def make_grounding(rng) -> Item:
     image, objects, targets = scene(rng, 2)
     target = objects[int(rng.integers(2))]
-    answer = "[{}, {}, {}, {}]".format(*(CELL * v for v in target["cells"]))
+    answer = "[{}, {}, {}, {}]".format(*target["cells"])
     prompt = TASKS_BY_NAME["grounding"].template.format(shape=target["shape"])
     return Item("grounding", prompt, answer, images=[image], targets=[targets])
 
@@ -323,7 +323,8 @@ TASKS: list[Task] = [
     Task("ocr_table", "ocr_markdown", "image", "image", "exact", True, "Write the table in Markdown.",
          "| a | b |\\n| --- | --- |\\n| c | d |: two-digit cells, the first row as header", make_table),
     Task("grounding", "visual_grounding", "image", "image", "iou", True,
-         "Where is the {shape}? Answer with its box.", "[x1, y1, x2, y2] in pixels of the 336x140 image",
+         "Where is the {shape}? Answer with its box in grid cells.",
+         "[x1, y1, x2, y2] in 28-pixel cells of the 12x5 grid, end exclusive",
          make_grounding),
     Task("caption", "short_caption", "image", "image", "exact", False, "Describe the image in a few words.",
          "a <colour> <shape>", make_caption),

@@ -11,11 +11,12 @@ On top of it, training adds (``quantkit/zoo/weights/smol-omni-skills.safetensors
   embedding of the text token it should read as (``smol_tasks.Item.targets``): no backward pass
   through the language model;
 - a LoRA on the upper decoder layers, trained on the tasks with those target embeddings in the media
-  slots, merged into the weights at build time (so a quantizer sees one dense weight per layer);
+  slots, then (stage ``joint``) on what the trained towers really emit, towers frozen; merged into
+  the weights at build time (so a quantizer sees one dense weight per layer);
 - the embedding rows of the Omni special tokens.
 
 Every stage is deterministic from its seed and resumable: ``python -m quantkit.zoo.smol_skills train
---stage towers|lm --steps N --work DIR`` saves its state every ``--save-every`` steps and continues
+--stage towers|lm|joint --steps N --work DIR`` saves its state every ``--save-every`` steps and continues
 from it; ``save`` writes the committed deltas and their record.
 """
 
@@ -187,7 +188,11 @@ STAGES = {
     # stage: (schedule, batch, learning rate, warm-up steps, noise on the target embeddings)
     "towers": (TOWER_SCHEDULE, 16, 1e-3, 50, 0.0),
     "lm": (LM_SCHEDULE, 8, 1e-3, 20, 0.3),
+    # The LoRA again, on the trained (frozen) towers' own outputs: they emit the right token's
+    # direction but not its exact embedding, and an LM trained on noisy targets alone misread them.
+    "joint": (LM_SCHEDULE, 8, 3e-4, 10, 0.0),
 }
+SEED_OFFSETS = {"towers": 0, "lm": 500_000, "joint": 900_000}  # each stage draws its own items
 DECAY_FRACTION = 0.3  # the last part of a run lowers the rate linearly to 5%
 
 
@@ -205,7 +210,7 @@ def step_items(stage: str, seed: int, step: int) -> list[Item]:
     return make_items(
         schedule[step % len(schedule)],
         batch,
-        seed=seed * 1_000_003 + step + (0 if stage == "towers" else 500_000),
+        seed=seed * 1_000_003 + step + SEED_OFFSETS[stage],
     )
 
 
@@ -252,13 +257,36 @@ def target_vocabulary() -> set[str]:
     return tokens
 
 
-def lm_loss(model, processor, items: list[Item], noise: float, generator_seed: int) -> torch.Tensor:
-    """Cross-entropy of the answer tokens with the target embeddings in the media slots; the head
-    runs on the answer positions only (a sixth of the step's cost on the whole sequence)."""
+def tower_embeds(model, inputs: dict) -> torch.Tensor:
+    """The language model's input embeddings with what the (frozen) towers emit in the media slots."""
+    ids = inputs["input_ids"]
+    out = model.get_input_embeddings()(ids).clone()
+    cfg = model.config
+    with torch.no_grad():
+        features = media_features(model, inputs)
+    for kind, token_id in (
+        ("image", cfg.image_token_id),
+        ("video", cfg.video_token_id),
+        ("audio", cfg.audio_token_id),
+    ):
+        if kind in features:
+            out[ids == token_id] = features[kind].to(out.dtype)
+    return out
+
+
+def lm_loss(
+    model, processor, items: list[Item], noise: float, generator_seed: int, *, real_towers: bool = False
+) -> torch.Tensor:
+    """Cross-entropy of the answer tokens with the target embeddings (or, ``real_towers``, the
+    towers' outputs) in the media slots; the head runs on the answer positions only (a sixth of the
+    step's cost on the whole sequence)."""
     inputs = processor_inputs(processor, items, with_answers=True)
     labels = answer_labels(processor, items, inputs["input_ids"])
     torch.manual_seed(generator_seed)
-    embeds = surrogate_embeds(model, inputs, target_ids(processor, items), noise=noise)
+    if real_towers:
+        embeds = tower_embeds(model, inputs)
+    else:
+        embeds = surrogate_embeds(model, inputs, target_ids(processor, items), noise=noise)
     mask = inputs.get("feature_attention_mask")
     positions, _ = model.get_rope_index(
         inputs["input_ids"],
@@ -286,6 +314,12 @@ def train(stage: str, steps: int, work: Path, *, seed: int = 0, save_every: int 
     model, processor, _ = base_model(seed)
     torch.manual_seed(seed + 1)
     add_lora(model)
+    if stage == "joint":  # starts from the trained towers and LoRA
+        for earlier in ("towers", "lm"):
+            path = work / f"{earlier}.pt"
+            if not path.exists():
+                raise InputError(f"the joint stage needs {path}", hint=f"train --stage {earlier} first")
+            model.load_state_dict(torch.load(path, weights_only=False)["trainable"], strict=False)
     params = trainable(model, stage)
     optimizer = torch.optim.AdamW(params, lr=STAGES[stage][2], weight_decay=0.0)
     state = {"stage": stage, "seed": seed, "steps": steps, "done": 0, "losses": [], "restarts": []}
@@ -328,7 +362,9 @@ def train(stage: str, steps: int, work: Path, *, seed: int = 0, save_every: int 
         if stage == "towers":
             loss = tower_loss(model, processor, items)
         else:
-            loss = lm_loss(model, processor, items, STAGES[stage][4], seed * 7919 + step)
+            loss = lm_loss(
+                model, processor, items, STAGES[stage][4], seed * 7919 + step, real_towers=stage == "joint"
+            )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -486,7 +522,7 @@ def build_smol_model(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m quantkit.zoo.smol_skills train --stage towers|lm --steps N --work DIR``: one
+    """``python -m quantkit.zoo.smol_skills train --stage towers|lm|joint --steps N --work DIR``: one
     training stage, resumable (run again to continue); ``eval``: teacher-forced exact match per task."""
     import argparse
 
