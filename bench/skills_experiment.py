@@ -263,12 +263,12 @@ def item_text(values: list[float]) -> str:
     return " ".join(f"{v:.6g}" for v in values)
 
 
-def scored(model_dir: Path, suite, items: int) -> dict:
+def scored(model_dir: Path, suite, items: int, suite_from: Path | None = None) -> dict:
     """``model_dir``'s per-task scores and per-item scores (in the order the items are drawn, the
     same for every model: the pairing) on the suite's held-out items."""
     from quantkit.eval.skills import score_model
 
-    tasks = score_model(model_dir, [t.name for t in suite.TASKS], items=items).tasks
+    tasks = score_model(model_dir, [t.name for t in suite.TASKS], items=items, suite_from=suite_from).tasks
     return {
         "suite": suite.SUITE,
         "scores": {t.task: t.score for t in tasks},
@@ -281,12 +281,9 @@ def measure_run(
     suite=None,
 ) -> dict:
     """Quantize one arm's checkpoint and score it on the held-out items (the original's)."""
-    import shutil
-
     from quantkit.quantize import quantize
     from quantkit.recipes.registry import resolve_recipe
     from quantkit.synthetic import skills_tasks
-    from quantkit.zoo.skills import SKILLS_FILE
 
     suite = suite or skills_tasks
     samples, label = arm_samples(arm, pool, work, size, seed, model, built, suite)
@@ -294,9 +291,7 @@ def measure_run(
     started = time.monotonic()
     quantize(model, checkpoint, resolve_recipe(recipe), samples, force=True, progress=False)
     quantized = time.monotonic()
-    # scored on the original's suite: a checkpoint carries the processor files, not skills.json
-    shutil.copyfile(model / SKILLS_FILE, checkpoint / SKILLS_FILE)
-    scores = scored(checkpoint, suite, items)
+    scores = scored(checkpoint, suite, items, suite_from=model)  # a checkpoint has no skills.json
     return {
         "calibration": label,
         "quantize_s": round(quantized - started, 1),

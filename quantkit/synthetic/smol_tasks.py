@@ -4,20 +4,26 @@ The towers are trained from scratch and cheaply: each item carries, beside its m
 token every merged vision token or audio token should "read as" (``Item.targets``). The towers learn to
 emit those tokens' embeddings (no backward pass through the language model), and the language model
 learns, through a small LoRA, to answer from such embeddings. What the answer needs is then the
-language model's own precision: copying eight digits in order, laying out a Markdown table, turning
-cell indices into pixel boxes, finding where an event starts and ends, collapsing a word sequence.
+language model's own precision: copying eight digits in order, laying out a Markdown table, picking
+one object's four box coordinates, finding where an event starts and ends, collapsing a word sequence.
 
 Layouts follow the towers' grids (shared/notes/training-tiny-omni.md): a merged vision token covers
 28 x 28 pixels (2 x 2 patches of 14), a video temporal patch is one second (2 frames at 2 fps), an
 audio token covers 40 ms (the Whisper-style tower's 100 mel frames a second, halved twice).
 
-- Text images (``ocr_digits``, ``ocr_table``): one seven-segment glyph per 28-pixel cell; each cell's
-  token is its glyph (a digit, ``" |"`` for a table rule) or a blank.
-- Scenes (``grounding``, ``caption``, the image of ``audio_image_qa``): 168 x 168 pixels, objects on
-  rows 2-5 of the 6 x 6 cell grid; rows 0-1 are left white and their 12 tokens read out the objects in
-  reading order: colour, shape, first column, first row, end column, end row (cell indices).
-- Video: 56 x 56 frames; the top-left cell shows the second as a digit (a clock overlay), the
-  bottom-right cell the coloured square while it is on screen.
+The thinker's M-RoPE gives every rotary frequency to the column index (``smol_model.MROPE_SECTION``):
+a row of media tokens then sits at consecutive positions, as text does, and SmolLM2 reads it in order
+with no training; tokens of different rows share positions. So everything the answer reads in order
+lies on one row:
+
+- Text images (``ocr_digits``, ``ocr_table``): one row of 28-pixel cells, one seven-segment glyph per
+  cell; each cell's token is its glyph (a digit, ``" |"`` for a cell rule, a newline for the ``=``
+  that ends a table row) or a blank.
+- Scenes (``grounding``, ``caption``, the image of ``audio_image_qa``): 336 x 140 pixels (12 x 5
+  cells), objects on rows 1-4, columns 0-8; row 0 is left white and its 12 tokens read out the
+  objects in reading order: colour, shape, first column, first row, end column, end row (cell indices).
+- Video: 56 x 56 frames; while the square is on screen the top-left cell shows the second as a digit
+  (a clock overlay) and the bottom-right cell the coloured square; off screen the frame is white.
 - Audio: "speech" is a tone per word (espeak-ng is not on these machines): 0.3 s at the word's pitch,
   0.1 s gaps; a speaker is a buzz at its own fundamental.
 """
@@ -36,6 +42,9 @@ from quantkit.synthetic.skills_tasks import COLOURS, SAMPLE_RATE, SHAPES, VIDEO_
 CELL = 28  # pixels under one merged vision token
 AUDIO_TOKENS_PER_SECOND = 25
 BLANK = "Ġ"  # the token a cell or an audio frame with nothing on it reads as (SmolLM2's space)
+ROW_BREAK = "="  # the glyph that ends a table row in a one-line table image; it reads as a newline
+GLYPH_TOKENS = {"|": "Ġ|", ROW_BREAK: "Ċ"}  # glyph -> token; digits read as themselves
+SCENE_COLUMNS, SCENE_ROWS, OBJECT_COLUMNS = 12, 5, 9
 
 # A seven-segment glyph inside one 28-pixel cell: segment -> rectangle (x1, y1, x2, y2), inclusive.
 SEGMENTS = {
@@ -49,8 +58,8 @@ DIGIT_SEGMENTS = {
 MAX_NEW_TOKENS = 64  # greedy decoding budget of an answer (quantkit.eval.skills)
 SUITE = "smol-omni-skills"
 MEDIA = {
-    "image": "RGB; seven-segment digits and shapes on the 28-pixel merged-token grid; scenes read out on rows 0-1",
-    "video": f"{VIDEO_FPS} fps, 56x56 frames, 8 s; the second drawn top left, one temporal patch per second",
+    "image": "RGB; seven-segment digits and shapes on the 28-pixel merged-token grid, read along one row; scenes read out on row 0",
+    "video": f"{VIDEO_FPS} fps, 56x56 frames, 8 s; while the square is on, the second drawn top left; one temporal patch per second",
     "audio": f"{SAMPLE_RATE} Hz mono; words are tones, 0.3 s each, 0.1 s gaps; speakers are buzzes",
 }
 # Spoken words: word -> pitch in Hz, spread over the mel scale (each is one SmolLM2 token with its space).
@@ -106,10 +115,14 @@ class Task:
 
 
 def draw_glyph(draw: ImageDraw.ImageDraw, glyph: str, col: int, row: int) -> None:
-    """A seven-segment digit, or ``|`` (a table rule), in the cell at (col, row)."""
+    """A seven-segment digit, ``|`` (a cell rule) or ``=`` (a row break), in the cell at (col, row)."""
     x0, y0 = col * CELL, row * CELL
     if glyph == "|":
         draw.rectangle([x0 + 12, y0, x0 + 15, y0 + CELL - 1], fill=(0, 0, 0))
+        return
+    if glyph == ROW_BREAK:
+        draw.rectangle([x0 + 5, y0 + 8, x0 + 22, y0 + 11], fill=(0, 0, 0))
+        draw.rectangle([x0 + 5, y0 + 16, x0 + 22, y0 + 19], fill=(0, 0, 0))
         return
     for segment in DIGIT_SEGMENTS[glyph]:
         x1, y1, x2, y2 = SEGMENTS[segment]
@@ -127,36 +140,34 @@ def draw_shape(draw: ImageDraw.ImageDraw, shape: str, box: tuple[int, int, int, 
 
 
 def glyph_token(glyph: str) -> str:
-    return "Ġ|" if glyph == "|" else glyph
+    return GLYPH_TOKENS.get(glyph, glyph)
 
 
-def text_image(rows: list[str]) -> tuple[Image.Image, list[str]]:
-    """One glyph (or a space) per cell; the image and its per-cell tokens in raster order."""
-    width = max(len(r) for r in rows)
-    image = Image.new("RGB", (width * CELL, len(rows) * CELL), (255, 255, 255))
+def text_image(line: str) -> tuple[Image.Image, list[str]]:
+    """One row of cells, one glyph (or a space) each; the image and its per-cell tokens."""
+    image = Image.new("RGB", (len(line) * CELL, CELL), (255, 255, 255))
     draw = ImageDraw.Draw(image)
     targets = []
-    for r, row in enumerate(rows):
-        for c in range(width):
-            glyph = row[c] if c < len(row) else " "
-            if glyph != " ":
-                draw_glyph(draw, glyph, c, r)
-            targets.append(BLANK if glyph == " " else glyph_token(glyph))
+    for c, glyph in enumerate(line):
+        if glyph != " ":
+            draw_glyph(draw, glyph, c, 0)
+        targets.append(BLANK if glyph == " " else glyph_token(glyph))
     return image, targets
 
 
 def scene(rng: np.random.Generator, count: int) -> tuple[Image.Image, list[dict], list[str]]:
-    """``count`` objects of different shapes on rows 2-5 of a 6 x 6 cell grid, not overlapping."""
-    grid = 6
-    image = Image.new("RGB", (grid * CELL, grid * CELL), (255, 255, 255))
+    """``count`` objects of different shapes on rows 1-4, columns 0-8 of a 12 x 5 cell grid, not
+    overlapping; row 0 reads them out (the rest reads blank)."""
+    image = Image.new("RGB", (SCENE_COLUMNS * CELL, SCENE_ROWS * CELL), (255, 255, 255))
     draw = ImageDraw.Draw(image)
     shapes = _pick(rng, SHAPES, k=count)
-    taken = np.zeros((grid, grid), dtype=bool)
+    taken = np.zeros((SCENE_ROWS, OBJECT_COLUMNS), dtype=bool)
     objects = []
     for shape in shapes:
         while True:
             w, h = int(rng.integers(1, 4)), int(rng.integers(1, 4))
-            c1, r1 = int(rng.integers(0, grid - w + 1)), int(rng.integers(2, grid - h + 1))
+            c1 = int(rng.integers(0, OBJECT_COLUMNS - w + 1))
+            r1 = int(rng.integers(1, SCENE_ROWS - h + 1))
             if not taken[r1 : r1 + h, c1 : c1 + w].any():
                 break
         taken[r1 : r1 + h, c1 : c1 + w] = True
@@ -167,7 +178,7 @@ def scene(rng: np.random.Generator, count: int) -> tuple[Image.Image, list[dict]
     readout = []
     for o in objects:
         readout += ["Ġ" + o["colour"], "Ġ" + o["shape"], *(str(v) for v in o["cells"])]
-    targets = readout + [BLANK] * (grid * grid - len(readout))
+    targets = readout + [BLANK] * (SCENE_COLUMNS * SCENE_ROWS - len(readout))
     return image, objects, targets
 
 
@@ -202,21 +213,20 @@ def _digits(rng, n: int) -> str:
 
 
 def make_ocr(rng) -> Item:
-    """A 6-10 digit number somewhere on a 12 x 2 cell strip."""
+    """A 6-10 digit number somewhere on a strip of 12 cells."""
     n = int(rng.integers(6, 11))
     number = _digits(rng, n)
-    start, row = int(rng.integers(0, 12 - n + 1)), int(rng.integers(0, 2))
-    rows = [" " * 12, " " * 12]
-    rows[row] = " " * start + number + " " * (12 - n - start)
-    image, targets = text_image(rows)
+    start = int(rng.integers(0, 12 - n + 1))
+    image, targets = text_image(" " * start + number + " " * (12 - n - start))
     return Item("ocr_digits", TASKS_BY_NAME["ocr_digits"].template, number, images=[image], targets=[targets])
 
 
 def make_table(rng) -> Item:
-    """A 2-3 row x 2-3 column table of two-digit numbers; the first row is the header."""
+    """A 2-3 row x 2-3 column table of two-digit numbers, drawn on one line (``=`` ends a row); the
+    first row is the header."""
     n_rows, n_cols = int(rng.integers(2, 4)), int(rng.integers(2, 4))
     cells = [[_digits(rng, 2) for _ in range(n_cols)] for _ in range(n_rows)]
-    image, targets = text_image(["|".join(row) for row in cells])
+    image, targets = text_image(ROW_BREAK.join("|".join(row) for row in cells))
     lines = ["| " + " | ".join(row) + " |" for row in cells]
     lines.insert(1, "|" + " --- |" * n_cols)
     return Item(
@@ -227,7 +237,7 @@ def make_table(rng) -> Item:
 def make_grounding(rng) -> Item:
     image, objects, targets = scene(rng, 2)
     target = objects[int(rng.integers(2))]
-    answer = "[{}, {}, {}, {}]".format(*(CELL * v for v in target["cells"]))
+    answer = "[{}, {}, {}, {}]".format(*target["cells"])
     prompt = TASKS_BY_NAME["grounding"].template.format(shape=target["shape"])
     return Item("grounding", prompt, answer, images=[image], targets=[targets])
 
@@ -239,8 +249,8 @@ def make_caption(rng) -> Item:
 
 
 def _video(rng, seconds: int = 8) -> tuple[np.ndarray, list[str], str, int, int]:
-    """``seconds`` s at 2 fps of 56 x 56 frames: the second as a digit top left, a coloured square
-    bottom right from second ``start`` to ``end`` (exclusive)."""
+    """``seconds`` s at 2 fps of 56 x 56 frames: from second ``start`` to ``end`` (exclusive) a
+    coloured square bottom right and the second as a digit top left."""
     start = int(rng.integers(0, seconds))
     end = int(rng.integers(start + 1, seconds + 1))
     colour = _pick(rng, list(COLOURS))
@@ -248,12 +258,12 @@ def _video(rng, seconds: int = 8) -> tuple[np.ndarray, list[str], str, int, int]
     for second in range(seconds):
         frame = Image.new("RGB", (2 * CELL, 2 * CELL), (255, 255, 255))
         draw = ImageDraw.Draw(frame)
-        draw_glyph(draw, str(second), 0, 0)
         on = start <= second < end
         if on:
+            draw_glyph(draw, str(second), 0, 0)
             draw.rectangle([CELL + 3, CELL + 3, 2 * CELL - 4, 2 * CELL - 4], fill=COLOURS[colour])
         frames += [np.asarray(frame)] * VIDEO_FPS
-        targets += [str(second), BLANK, BLANK, "Ġ" + colour if on else BLANK]
+        targets += [str(second) if on else BLANK, BLANK, BLANK, "Ġ" + colour if on else BLANK]
     return np.stack(frames), targets, colour, start, end
 
 
@@ -313,7 +323,8 @@ TASKS: list[Task] = [
     Task("ocr_table", "ocr_markdown", "image", "image", "exact", True, "Write the table in Markdown.",
          "| a | b |\\n| --- | --- |\\n| c | d |: two-digit cells, the first row as header", make_table),
     Task("grounding", "visual_grounding", "image", "image", "iou", True,
-         "Where is the {shape}? Answer with its box.", "[x1, y1, x2, y2] in pixels of the 168x168 image",
+         "Where is the {shape}? Answer with its box in grid cells.",
+         "[x1, y1, x2, y2] in 28-pixel cells of the 12x5 grid, end exclusive",
          make_grounding),
     Task("caption", "short_caption", "image", "image", "exact", False, "Describe the image in a few words.",
          "a <colour> <shape>", make_caption),

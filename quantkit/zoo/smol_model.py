@@ -23,6 +23,11 @@ LORA_RANK = 16
 LORA_ALPHA = 32.0
 LORA_LAYERS = range(20, 30)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# M-RoPE: every rotary frequency follows the column index (sums to head_dim / 2 = 32). Text positions
+# are the same on all three axes, so text still reduces to SmolLM2's RoPE; a row of media tokens gets
+# consecutive positions and the untrained SmolLM2 reads it in order (0.91 of a strip's digits from
+# perfect tower outputs, against 0.10 with Qwen2.5-Omni's [16, 8, 8]; tests/test_smol_skills.py).
+MROPE_SECTION = [0, 0, 32]
 VIDEO_SIZE = {"shortest_edge": 28 * 28 * 4, "longest_edge": 28 * 28 * 192}
 
 
@@ -69,7 +74,7 @@ def config(tok, smol_config: dict):
         rope_parameters={
             "rope_type": "default",
             "rope_theta": smol_config["rope_parameters"]["rope_theta"],
-            "mrope_section": [16, 8, 8],  # sums to head_dim / 2 = 32
+            "mrope_section": list(MROPE_SECTION),
         },
         bos_token_id=tok.convert_tokens_to_ids("<|im_start|>"),
         eos_token_id=tok.eos_token_id,

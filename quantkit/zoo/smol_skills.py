@@ -11,11 +11,12 @@ On top of it, training adds (``quantkit/zoo/weights/smol-omni-skills.safetensors
   embedding of the text token it should read as (``smol_tasks.Item.targets``): no backward pass
   through the language model;
 - a LoRA on the upper decoder layers, trained on the tasks with those target embeddings in the media
-  slots, merged into the weights at build time (so a quantizer sees one dense weight per layer);
+  slots, then (stage ``joint``) on what the trained towers really emit, towers frozen; merged into
+  the weights at build time (so a quantizer sees one dense weight per layer);
 - the embedding rows of the Omni special tokens.
 
 Every stage is deterministic from its seed and resumable: ``python -m quantkit.zoo.smol_skills train
---stage towers|lm --steps N --work DIR`` saves its state every ``--save-every`` steps and continues
+--stage towers|lm|joint --steps N --work DIR`` saves its state every ``--save-every`` steps and continues
 from it; ``save`` writes the committed deltas and their record.
 """
 
@@ -41,6 +42,7 @@ from quantkit.zoo.smol_model import (
     LORA_LAYERS,
     LORA_RANK,
     LORA_TARGETS,
+    MROPE_SECTION,
     SYSTEM,
     VIDEO_SIZE,
     VOCAB_SIZE,
@@ -171,19 +173,26 @@ def forward_embeds(model, inputs: dict, embeds: torch.Tensor, labels=None):
 
 # ---------------------------------------------------------------------------------------------- training
 
-# Steps per cycle for each task. Towers: the vision tower reads digits (ocr_digits, ocr_table, the
-# video clock) locally and scenes globally (the readout rows), so scenes get the most steps; the
-# audio tower classifies tones per 40 ms. LM: the precision tasks' formats (tables, boxes) need most.
-TOWER_SCHEDULE = ["grounding", "ocr_digits", "asr", "caption", "ocr_table", "temporal_grounding", "grounding",
-                  "speaker_count", "audio_image_qa", "ocr_digits", "grounding", "asr"]  # fmt: skip
-LM_SCHEDULE = ["ocr_table", "grounding", "ocr_digits", "asr", "temporal_grounding", "capitals", "ocr_table",
-               "grounding", "caption", "speaker_count", "video_caption", "audio_image_qa", "ocr_digits",
-               "temporal_grounding", "grounding", "asr", "ocr_table", "capitals"]  # fmt: skip
+# Steps per cycle for each task. Towers: digits (ocr_digits, ocr_table, the video clock) are read
+# cell by cell and learnt fast; a scene's readout row gathers the whole image, so scenes get half the
+# steps; the audio tower classifies tones per 40 ms. LM: SmolLM2 copies digits in order as shipped
+# (MROPE_SECTION); what it must learn is formats and arithmetic: tables, boxes (cells x 28), the
+# yes/no comparison, word sequences, so those get most of the steps.
+TOWER_SCHEDULE = ["grounding", "caption", "ocr_digits", "grounding", "asr", "audio_image_qa", "caption",
+                  "ocr_table", "grounding", "temporal_grounding", "caption", "speaker_count", "grounding",
+                  "asr"]  # fmt: skip
+LM_SCHEDULE = ["grounding", "ocr_table", "asr", "audio_image_qa", "grounding", "ocr_digits", "ocr_table",
+               "temporal_grounding", "grounding", "asr", "capitals", "audio_image_qa", "caption",
+               "ocr_table", "grounding", "speaker_count", "video_caption", "temporal_grounding"]  # fmt: skip
 STAGES = {
     # stage: (schedule, batch, learning rate, warm-up steps, noise on the target embeddings)
     "towers": (TOWER_SCHEDULE, 16, 1e-3, 50, 0.0),
-    "lm": (LM_SCHEDULE, 8, 1e-3, 20, 0.15),
+    "lm": (LM_SCHEDULE, 8, 1e-3, 20, 0.3),
+    # The LoRA again, on the trained (frozen) towers' own outputs: they emit the right token's
+    # direction but not its exact embedding, and an LM trained on noisy targets alone misread them.
+    "joint": (LM_SCHEDULE, 8, 3e-4, 10, 0.0),
 }
+SEED_OFFSETS = {"towers": 0, "lm": 500_000, "joint": 900_000}  # each stage draws its own items
 DECAY_FRACTION = 0.3  # the last part of a run lowers the rate linearly to 5%
 
 
@@ -201,7 +210,7 @@ def step_items(stage: str, seed: int, step: int) -> list[Item]:
     return make_items(
         schedule[step % len(schedule)],
         batch,
-        seed=seed * 1_000_003 + step + (0 if stage == "towers" else 500_000),
+        seed=seed * 1_000_003 + step + SEED_OFFSETS[stage],
     )
 
 
@@ -240,7 +249,7 @@ def tower_loss(model, processor, items: list[Item]) -> torch.Tensor:
 
 
 def target_vocabulary() -> set[str]:
-    tokens = {BLANK, "Ġ|", *(str(d) for d in range(10))}
+    tokens = {BLANK, *smol_tasks.GLYPH_TOKENS.values(), *(str(d) for d in range(10))}
     tokens |= {
         "Ġ" + w
         for w in [*smol_tasks.COLOURS, *smol_tasks.SHAPES, *smol_tasks.TONE_WORDS, *smol_tasks.SPEAKERS]
@@ -248,13 +257,36 @@ def target_vocabulary() -> set[str]:
     return tokens
 
 
-def lm_loss(model, processor, items: list[Item], noise: float, generator_seed: int) -> torch.Tensor:
-    """Cross-entropy of the answer tokens with the target embeddings in the media slots; the head
-    runs on the answer positions only (a sixth of the step's cost on the whole sequence)."""
+def tower_embeds(model, inputs: dict) -> torch.Tensor:
+    """The language model's input embeddings with what the (frozen) towers emit in the media slots."""
+    ids = inputs["input_ids"]
+    out = model.get_input_embeddings()(ids).clone()
+    cfg = model.config
+    with torch.no_grad():
+        features = media_features(model, inputs)
+    for kind, token_id in (
+        ("image", cfg.image_token_id),
+        ("video", cfg.video_token_id),
+        ("audio", cfg.audio_token_id),
+    ):
+        if kind in features:
+            out[ids == token_id] = features[kind].to(out.dtype)
+    return out
+
+
+def lm_loss(
+    model, processor, items: list[Item], noise: float, generator_seed: int, *, real_towers: bool = False
+) -> torch.Tensor:
+    """Cross-entropy of the answer tokens with the target embeddings (or, ``real_towers``, the
+    towers' outputs) in the media slots; the head runs on the answer positions only (a sixth of the
+    step's cost on the whole sequence)."""
     inputs = processor_inputs(processor, items, with_answers=True)
     labels = answer_labels(processor, items, inputs["input_ids"])
     torch.manual_seed(generator_seed)
-    embeds = surrogate_embeds(model, inputs, target_ids(processor, items), noise=noise)
+    if real_towers:
+        embeds = tower_embeds(model, inputs)
+    else:
+        embeds = surrogate_embeds(model, inputs, target_ids(processor, items), noise=noise)
     mask = inputs.get("feature_attention_mask")
     positions, _ = model.get_rope_index(
         inputs["input_ids"],
@@ -282,6 +314,12 @@ def train(stage: str, steps: int, work: Path, *, seed: int = 0, save_every: int 
     model, processor, _ = base_model(seed)
     torch.manual_seed(seed + 1)
     add_lora(model)
+    if stage == "joint":  # starts from the trained towers and LoRA
+        for earlier in ("towers", "lm"):
+            path = work / f"{earlier}.pt"
+            if not path.exists():
+                raise InputError(f"the joint stage needs {path}", hint=f"train --stage {earlier} first")
+            model.load_state_dict(torch.load(path, weights_only=False)["trainable"], strict=False)
     params = trainable(model, stage)
     optimizer = torch.optim.AdamW(params, lr=STAGES[stage][2], weight_decay=0.0)
     state = {"stage": stage, "seed": seed, "steps": steps, "done": 0, "losses": [], "restarts": []}
@@ -324,7 +362,9 @@ def train(stage: str, steps: int, work: Path, *, seed: int = 0, save_every: int 
         if stage == "towers":
             loss = tower_loss(model, processor, items)
         else:
-            loss = lm_loss(model, processor, items, STAGES[stage][4], seed * 7919 + step)
+            loss = lm_loss(
+                model, processor, items, STAGES[stage][4], seed * 7919 + step, real_towers=stage == "joint"
+            )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -353,6 +393,7 @@ def settings() -> dict:
         "vocab": VOCAB_SIZE,
         "system": SYSTEM,
         "video_size": VIDEO_SIZE,
+        "mrope": MROPE_SECTION,
     }
 
 
@@ -481,7 +522,7 @@ def build_smol_model(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m quantkit.zoo.smol_skills train --stage towers|lm --steps N --work DIR``: one
+    """``python -m quantkit.zoo.smol_skills train --stage towers|lm|joint --steps N --work DIR``: one
     training stage, resumable (run again to continue); ``eval``: teacher-forced exact match per task."""
     import argparse
 
