@@ -176,7 +176,7 @@ def forward_embeds(model, inputs: dict, embeds: torch.Tensor, labels=None):
 # Steps per cycle for each task. Towers: digits (ocr_digits, ocr_table, the video clock) are read
 # cell by cell and learnt fast; a scene's readout row gathers the whole image, so scenes get half the
 # steps; the audio tower classifies tones per 40 ms. LM: SmolLM2 copies digits in order as shipped
-# (MROPE_SECTION); what it must learn is formats and arithmetic: tables, boxes (cells x 28), the
+# (MROPE_SECTION); what it must learn is formats and choices: tables, which object's box, the
 # yes/no comparison, word sequences, so those get most of the steps.
 TOWER_SCHEDULE = ["grounding", "caption", "ocr_digits", "grounding", "asr", "audio_image_qa", "caption",
                   "ocr_table", "grounding", "temporal_grounding", "caption", "speaker_count", "grounding",
