@@ -233,7 +233,8 @@ def source_hash(root: Path = ROOT, files: list[str] | None = None) -> str:
 
 def git_commit(root: Path = ROOT) -> str:
     """HEAD's short hash, with "+" when tracked files under quantkit/ or recipes/ differ from it
-    (a figure made with local changes); "unknown" outside a git checkout."""
+    (a figure made with local changes). Outside a git checkout (a copy of one sent to another
+    machine to measure) the commit QUANTKIT_BENCH_COMMIT names, else "unknown"."""
     try:
         commit = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
@@ -245,7 +246,7 @@ def git_commit(root: Path = ROOT) -> str:
             check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return os.environ.get("QUANTKIT_BENCH_COMMIT", "unknown")
     return commit + ("+" if dirty else "")
 
 

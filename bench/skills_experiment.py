@@ -119,7 +119,11 @@ def model_identity(model: Path) -> dict:
         digest.update(name.encode() + b"\0" + sha256_file(model / name).encode() + b"\0")
     for name in missing:
         digest.update(name.encode() + b"\0<missing>\0")
-    suite = json.loads((model / SKILLS_FILE).read_text(encoding="utf-8")).get("suite") if SKILLS_FILE in names else None
+    suite = (
+        json.loads((model / SKILLS_FILE).read_text(encoding="utf-8")).get("suite")
+        if SKILLS_FILE in names
+        else None
+    )
     path = ZOO_WEIGHTS / f"{suite}.json" if suite else ZOO_RECORD
     record = json.loads(path.read_text(encoding="utf-8")).get("key") if path.is_file() else None
     return {"hash": digest.hexdigest()[:16], "record": record, "files": names, "missing": missing}
@@ -160,19 +164,31 @@ def row_key(name: str, spec: dict, settings: dict, state: dict, files: list[str]
     return provenance(name, spec, settings, state, files)
 
 
+def row_state(row: dict, state: dict) -> dict:
+    """The code state a stored row is checked against. A row measured on a GPU keeps the library
+    versions of the machine that measured it (that machine's CUDA build of torch is not the one
+    here, and this machine cannot measure it again): its code, model and settings must still
+    match. A CPU row is checked against the libraries installed here."""
+    versions = (row.get("provenance") or {}).get("versions")
+    if row.get("device", "cpu") != "cpu" and versions:
+        return {**state, "versions": versions}
+    return state
+
+
 def expected_run(row: dict, identity: dict, state: dict, settings: dict | None = None) -> dict:
     """The provenance the code and model as they are now give ``row``'s run (over the files the
     stored row was made with), with ``settings`` (default: the row's own)."""
     name = run_name(row["recipe"], row["arm"], row["size"], row["seed"])
     spec = run_spec(row["recipe"], row["arm"], row["size"], identity)
     files = (row.get("provenance") or {}).get("files")
-    return row_key(name, spec, settings if settings is not None else row["settings"], state, files)
+    settings = settings if settings is not None else row["settings"]
+    return row_key(name, spec, settings, row_state(row, state), files)
 
 
 def expected_original(row: dict, identity: dict, state: dict) -> dict:
     files = (row.get("provenance") or {}).get("files")
     spec = {"model": {k: identity[k] for k in ("hash", "record")}}
-    return row_key("original", spec, {"items": row["items"]}, state, files)
+    return row_key("original", spec, {"items": row["items"]}, row_state(row, state), files)
 
 
 def current(row: dict | None, expected: dict | None) -> bool:
@@ -220,6 +236,11 @@ def arm_families(arm: str, suite) -> set[str]:
     return {suite.TASKS_BY_NAME[arm.removeprefix(SINGLE)].family}
 
 
+def stratified_set(work: Path, size: int, seed: int) -> Path:
+    """Where the stratified set of a (size, seed) is built, once per invocation."""
+    return work / f"calib-{size}-{seed}"
+
+
 def arm_samples(arm: str, pool: Path, work: Path, size: int, seed: int, model: Path, built: set, suite=None):
     """The ``size`` calibration samples of ``arm`` and a label saying how they were drawn. The
     stratified set of a (size, seed) is built once per invocation (``built``) and shared by the
@@ -230,7 +251,7 @@ def arm_samples(arm: str, pool: Path, work: Path, size: int, seed: int, model: P
     from quantkit.synthetic import skills_tasks
 
     if arm == "stratified":
-        calib = work / f"calib-{size}-{seed}"
+        calib = stratified_set(work, size, seed)
         if (size, seed) not in built:
             options = CalibrateOptions(
                 size=size, seed=seed, model=model, allow_missing_tasks=True, force=True
@@ -257,6 +278,13 @@ def arm_samples(arm: str, pool: Path, work: Path, size: int, seed: int, model: P
     return [sample(r) for r in chosen], f"{arm}, seed {seed}"
 
 
+def measuring_device() -> str:
+    """Where a row is measured: the GPU's name (quantize and score run there), else "cpu"."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
 def item_text(values: list[float]) -> str:
     """Per-item scores as one string (6 significant digits, space separated): a few hundred items
     x tasks x runs stay a line per task in the results file, not a line per item."""
@@ -277,7 +305,15 @@ def scored(model_dir: Path, suite, items: int, suite_from: Path | None = None) -
 
 
 def measure_run(
-    model: Path, pool: Path, work: Path, recipe: str, arm: str, size: int, seed: int, items: int, built: set,
+    model: Path,
+    pool: Path,
+    work: Path,
+    recipe: str,
+    arm: str,
+    size: int,
+    seed: int,
+    items: int,
+    built: set,
     suite=None,
 ) -> dict:
     """Quantize one arm's checkpoint and score it on the held-out items (the original's)."""
@@ -293,6 +329,7 @@ def measure_run(
     quantized = time.monotonic()
     scores = scored(checkpoint, suite, items, suite_from=model)  # a checkpoint has no skills.json
     return {
+        "device": measuring_device(),
         "calibration": label,
         "quantize_s": round(quantized - started, 1),
         "score_s": round(time.monotonic() - quantized, 1),
@@ -312,6 +349,7 @@ def original_row(model: Path, identity: dict, state: dict, items: int) -> dict:
     return {
         "items": items,
         "model": identity,
+        "device": measuring_device(),
         "seconds": round(time.monotonic() - clock, 1),
         **scores,
         "provenance": row_key("original", spec, {"items": items}, state, loaded_sources()),
@@ -319,10 +357,163 @@ def original_row(model: Path, identity: dict, state: dict, items: int) -> dict:
 
 
 MEASURING = (
-    pool_records, model_suite, write_pool, arm_families, arm_samples, item_text, scored, measure_run, original_row,
+    pool_records,
+    model_suite,
+    write_pool,
+    arm_families,
+    stratified_set,
+    arm_samples,
+    measuring_device,
+    item_text,
+    scored,
+    measure_run,
+    original_row,
 )
 # The module-level values those functions read, by name (inspect.getsource sees only their bodies).
 MEASURED_VALUES = ("POOL_SEED", "SINGLE", "TEXT_MODALITY", "CAPTION_FAMILY")
+
+
+# ---------------------------------------------------------------------- measuring in parallel
+
+
+def _in_worker(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def built_stratified(
+    model: Path, pool: Path, work: Path, size: int, seed: int, threads: int
+) -> tuple[int, int]:
+    """A worker's job: the stratified set of (size, seed), built where every run reads it."""
+    _in_worker(threads)
+    arm_samples("stratified", pool, work, size, seed, model, set(), model_suite(model))
+    return size, seed
+
+
+def measured_row(
+    model: Path,
+    pool: Path,
+    work: Path,
+    recipe: str,
+    arm: str,
+    size: int,
+    seed: int,
+    items: int,
+    settings: dict,
+    identity: dict,
+    state: dict,
+    threads: int,
+) -> tuple[str, dict]:
+    """A worker's job: one run measured and made into its stored row (its provenance over the
+    quantkit files this process loaded)."""
+    from _shared import loaded_sources
+
+    _in_worker(threads)
+    name = run_name(recipe, arm, size, seed)
+    measured = measure_run(
+        model, pool, work, recipe, arm, size, seed, items, {(size, seed)}, model_suite(model)
+    )
+    spec = run_spec(recipe, arm, size, identity)
+    row = {
+        "recipe": recipe,
+        "arm": arm,
+        "size": size,
+        "seed": seed,
+        "settings": settings,
+        "model": identity,
+        **measured,
+        "provenance": row_key(name, spec, settings, state, loaded_sources()),
+    }
+    return name, row
+
+
+def scored_original(model: Path, identity: dict, state: dict, items: int, threads: int) -> dict:
+    """A worker's job: the original's row."""
+    _in_worker(threads)
+    return original_row(model, identity, state, items)
+
+
+def measure_parallel(
+    args,
+    todo: list[tuple],
+    data: dict,
+    results: Path,
+    identity: dict,
+    state: dict,
+    settings: dict,
+    original: str | None,
+) -> list[str]:
+    """``--workers N`` (a GPU machine with cores to spare): the original, the stratified sets and
+    the runs in N spawned processes, each row saved as it arrives. Runs start in ``todo``'s order,
+    at most N at a time (a run cut short by a deadline leaves the earlier ones done), a stratified
+    run once its set is built. Returns the failed jobs (a failed one stops no other)."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    pool = write_pool(args.work, args.pool_per_task, model_suite(args.model))
+    started = time.monotonic()
+    with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as executor:
+        jobs: dict = {}
+        if original:
+            job = executor.submit(scored_original, args.model, identity, state, args.items, args.threads)
+            jobs[job] = ("original",)
+        needed = dict.fromkeys((size, seed) for _, arm, size, seed in todo if arm == "stratified")
+        for size, seed in needed:
+            job = executor.submit(built_stratified, args.model, pool, args.work, size, seed, args.threads)
+            jobs[job] = ("stratified", size, seed)
+        waiting, built, failed = list(todo), set(), []
+
+        def start_runs() -> None:
+            running = sum(what[0] == "run" for what in jobs.values())
+            for entry in list(waiting):
+                if running >= args.workers:
+                    return
+                recipe, arm, size, seed = entry
+                if arm == "stratified" and (size, seed) not in built:
+                    continue
+                waiting.remove(entry)
+                job = executor.submit(
+                    measured_row, args.model, pool, args.work, recipe, arm, size, seed, args.items,
+                    settings, identity, state, args.threads,
+                )  # fmt: skip
+                jobs[job] = ("run", run_name(*entry))
+                running += 1
+
+        start_runs()
+        while jobs:
+            done, _ = wait(jobs, return_when=FIRST_COMPLETED)
+            for job in done:
+                what = jobs.pop(job)
+                elapsed = f"{time.monotonic() - started:.0f} s elapsed"
+                try:
+                    result = job.result()
+                except Exception as err:  # one failed job (a size calibrate refuses, ...) stops no other
+                    failed.append(f"{' '.join(map(str, what))}: {type(err).__name__}: {err}")
+                    print(f"failed: {failed[-1]}; {elapsed}", flush=True)
+                    if what[0] == "stratified":  # its runs cannot be measured
+                        waiting[:] = [
+                            e for e in waiting if not (e[1] == "stratified" and (e[2], e[3]) == what[1:])
+                        ]
+                    continue
+                if what[0] == "original":
+                    data["original"][original] = result
+                    save(results, data)
+                    print(f"original: scored in {result['seconds']:.0f} s; {elapsed}", flush=True)
+                elif what[0] == "stratified":
+                    built.add(what[1:])
+                    print(f"stratified set {what[1]}/{what[2]} built; {elapsed}", flush=True)
+                else:
+                    name, row = result
+                    data["runs"][name] = row
+                    save(results, data)
+                    print(
+                        f"{name}: done (quantize {row['quantize_s']:.0f} s, score {row['score_s']:.0f} s); "
+                        f"{len(waiting)} waiting; {elapsed}",
+                        flush=True,
+                    )
+            start_runs()
+    return failed
 
 
 # ---------------------------------------------------------------------- rendering
@@ -470,6 +661,13 @@ def made_by(row: dict, expected) -> str:
     return row_mark(commit, current(row, expected))
 
 
+def measured_on(row: dict) -> str:
+    """The machine a row was measured on, with its torch (rows before it was recorded: "cpu")."""
+    device = row.get("device", "cpu")
+    torch_version = ((row.get("provenance") or {}).get("versions") or {}).get("torch")
+    return f"{device} (torch {torch_version})" if torch_version else device
+
+
 def render(
     data: dict,
     expected_runs: dict | None = None,
@@ -510,7 +708,11 @@ def render(
     # Rows (and original scores) other code, another model or other settings made keep their
     # figures, in tables of their own marked stale with the commits that measured them; the
     # tallies keep the two apart.
-    stale = set() if expected_runs is None else {n for n, r in runs.items() if not current(r, expected_runs.get(n))}
+    stale = (
+        set()
+        if expected_runs is None
+        else {n for n, r in runs.items() if not current(r, expected_runs.get(n))}
+    )
     if stale:
         lines += [
             f"{len(stale)} stored row(s) are stale (another model, other code or other settings than now): their "
@@ -525,9 +727,9 @@ def render(
         return "\n".join([*lines, "No rows yet: run `python bench/skills_experiment.py --model DIR`."])
     groups: dict[tuple, list[tuple[str, dict]]] = {}
     for name, row in runs.items():
-        groups.setdefault((row["recipe"], row["size"], row["model"]["hash"], row["items"], name in stale), []).append(
-            (name, row)
-        )
+        groups.setdefault(
+            (row["recipe"], row["size"], row["model"]["hash"], row["items"], name in stale), []
+        ).append((name, row))
     models = {key[2] for key in groups}
     recipes = list(dict.fromkeys(key[0] for key in groups))
     for recipe, size, model, items, is_stale in sorted(
@@ -551,11 +753,19 @@ def render(
         lines += [
             f"### {recipe}, {size} calibration samples"
             + (f" (model {model})" if len(models) > 1 else "")
-            + (", stale (measured at " + ", ".join(sorted({(r.get('provenance') or {}).get('commit') or 'unknown' for r in rows})) + ")" if is_stale else ""),
+            + (
+                ", stale (measured at "
+                + ", ".join(sorted({(r.get("provenance") or {}).get("commit") or "unknown" for r in rows}))
+                + ")"
+                if is_stale
+                else ""
+            ),
             "",
             f"Seeds {', '.join(map(str, seeds))}; {items} held-out items a task; model {model}"
             + (f" (zoo record {record[:12]})" if record else "")
-            + f"; made by {', '.join(sorted(set(marks)))}.",
+            + f"; made by {', '.join(sorted(set(marks)))}; measured on "
+            + ", ".join(sorted({measured_on(r) for r in [*rows, *([original] if original else [])]}))
+            + ".",
             "",
             "Scores:",
             "",
@@ -582,7 +792,9 @@ def render(
                 + f"; {BEST_SINGLE}: {best[0]}.",
                 "",
             ]
-        measured = any(f for kind in figures.values() for per_task in kind.values() for f in per_task.values())
+        measured = any(
+            f for kind in figures.values() for per_task in kind.values() for f in per_task.values()
+        )
         versus = [(label, arm) for label, arm in shown if arm != "stratified"]
         if not measured:
             lines.append(
@@ -629,7 +841,10 @@ def render(
     if len(groups) > fresh:
         lines += [""] * bool(fresh) + [overall(tallies[True], len(groups) - fresh, stale=True)]
     if data.get("history"):
-        lines += ["", f"Hand-written note kept in the results file (`history`; not a measurement): {data['history']}"]
+        lines += [
+            "",
+            f"Hand-written note kept in the results file (`history`; not a measurement): {data['history']}",
+        ]
     return "\n".join(lines)
 
 
@@ -664,7 +879,11 @@ def overall(tally: dict, tables: int, *, stale: bool = False) -> str:
         if c != "stratified" and n["wins"] + n["ties"] + n["loses"]
     ]
     return (
-        (f"Over the {tables} stale tables (figures measured at earlier commits)" if stale else f"Over all {tables} tables")
+        (
+            f"Over the {tables} stale tables (figures measured at earlier commits)"
+            if stale
+            else f"Over all {tables} tables"
+        )
         + " (recipe x size): (recipe, size, task) cells where an arm lost against the original beyond "
         "its interval: "
         + (losses if judged else "none judged (no original, or rows without per-item scores)")
@@ -707,7 +926,10 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "--model", type=Path, required=True, help="a skills model folder (tiny- or smol-omni-skills: its skills.json)"
+        "--model",
+        type=Path,
+        required=True,
+        help="a skills model folder (tiny- or smol-omni-skills: its skills.json)",
     )
     parser.add_argument("--work", type=Path, default=Path("/tmp/quantkit-skills-exp"), help="scratch")
     parser.add_argument(
@@ -728,6 +950,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", default="32,128", help="calibration set sizes, comma separated")
     parser.add_argument("--items", type=int, default=24, help="held-out items per task")
     parser.add_argument("--pool-per-task", type=int, default=24)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="measure in N processes at once (a GPU machine: they share the GPU; each takes --threads cores)",
+    )
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads per process")
     parser.add_argument("--write-results", type=Path, help="RESULTS.md to write the section into")
     parser.add_argument("--render-only", action="store_true", help="render the stored rows, measure nothing")
     args = parser.parse_args(argv)
@@ -742,24 +971,45 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [a for a in arms if a not in known]
     if unknown:
         parser.error(f"unknown arms: {', '.join(unknown)} (known for {suite.SUITE}: {', '.join(known)})")
-    results = args.results or RESULTS_FILES.get(suite.SUITE, ROOT / "bench" / f"skills_experiment-{suite.SUITE}.json")
+    results = args.results or RESULTS_FILES.get(
+        suite.SUITE, ROOT / "bench" / f"skills_experiment-{suite.SUITE}.json"
+    )
     import torch
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
 
     identity = model_identity(args.model)
     state = code_state()
     data = load(results)
     settings = {"items": args.items, "pool_per_task": args.pool_per_task, "pool_seed": POOL_SEED}
+    # Seed by seed (a first seed of every table comes before any second one): what a run cut short
+    # leaves is a comparison, not one arm's seeds.
     plan = [
         (recipe, arm, int(size), int(seed))
-        for recipe in csv(args.recipes)
-        for size in csv(args.sizes)
         for seed in csv(args.seeds)
+        for size in csv(args.sizes)
+        for recipe in csv(args.recipes)
         for arm in arms
     ]
     print(f"model {identity['hash']} (record {identity['record']}); code git {state['commit']}", flush=True)
-    if not args.render_only:
+    if not args.render_only and args.workers > 1:
+        name = original_name(identity, args.items)
+        row = data["original"].get(name)
+        original = None if current(row, expected_original(row, identity, state) if row else None) else name
+        todo = []
+        for entry in plan:
+            row = data["runs"].get(run_name(*entry))
+            if not (row and current(row, expected_run(row, identity, state, settings))):
+                todo.append(entry)
+        print(
+            f"{len(plan) - len(todo)} of {len(plan)} runs cached; measuring {len(todo)} in {args.workers} processes"
+        )
+        failed = measure_parallel(args, todo, data, results, identity, state, settings, original)
+        if failed:
+            parser.exit(
+                2, f"{len(failed)} job(s) failed (the rows measured are saved):\n" + "\n".join(failed) + "\n"
+            )
+    elif not args.render_only:
         started = time.monotonic()
         name = original_name(identity, args.items)
         row = data["original"].get(name)

@@ -24,7 +24,12 @@ SETTINGS = {"items": 8, "pool_per_task": 4, "pool_seed": se.POOL_SEED}
 
 
 def fake_row(
-    recipe: str, arm: str, size: int, seed: int, scores: dict[str, float], identity=IDENTITY,
+    recipe: str,
+    arm: str,
+    size: int,
+    seed: int,
+    scores: dict[str, float],
+    identity=IDENTITY,
     items: dict[str, list[float]] | None = None,
 ) -> dict:
     """A row as main() stores it, keyed as the code and ``identity`` key it; ``items``: per task,
@@ -42,7 +47,10 @@ def fake_row(
         "quantize_s": 10.0 + seed,
         "score_s": 5.0,
         "items": SETTINGS["items"],
-        "scores": {name: statistics.mean(items[name]) if name in items else scores.get(name, 0.5) for name in TASK_NAMES},
+        "scores": {
+            name: statistics.mean(items[name]) if name in items else scores.get(name, 0.5)
+            for name in TASK_NAMES
+        },
     }
     if items:
         row["suite"] = "tiny-omni-skills"
@@ -81,11 +89,17 @@ def test_the_difference_from_stratified_pairs_the_same_items():
     from quantkit.eval.gate import paired_interval, paired_loss
 
     task = TASK_NAMES[0]
-    data = fake_data({"stratified": [{task: STRATIFIED_ITEMS}], "uniform": [{task: ARM_ITEMS}]}, per_item=True)
+    data = fake_data(
+        {"stratified": [{task: STRATIFIED_ITEMS}], "uniform": [{task: ARM_ITEMS}]}, per_item=True
+    )
     rows = list(data["runs"].values())
     figures = se.judge(rows, TASK_NAMES, None)
     difference = figures["difference"]["uniform"][task]
-    assert difference["diff"] == paired_loss(ARM_ITEMS, STRATIFIED_ITEMS) == pytest.approx(-100 * 8 / ITEMS, abs=1e-4)
+    assert (
+        difference["diff"]
+        == paired_loss(ARM_ITEMS, STRATIFIED_ITEMS)
+        == pytest.approx(-100 * 8 / ITEMS, abs=1e-4)
+    )
     assert (difference["low"], difference["high"]) == paired_interval(ARM_ITEMS, STRATIFIED_ITEMS)
     assert difference["high"] < 0 and se.outcome(difference) == "wins"
     assert figures["difference"]["uniform"][TASK_NAMES[1]]["diff"] == 0  # 0.5 everywhere on both sides
@@ -96,7 +110,9 @@ def test_the_difference_from_stratified_pairs_the_same_items():
     moved = se.judge(list(unpaired["runs"].values()), TASK_NAMES, None)["difference"]["uniform"][task]
     assert moved["diff"] == difference["diff"] and se.outcome(moved) == "ties"
     # the same held-out items on both sides or none: a row scored on other items is refused
-    other = fake_data({"stratified": [{task: STRATIFIED_ITEMS}], "uniform": [{task: ARM_ITEMS[:-1]}]}, per_item=True)
+    other = fake_data(
+        {"stratified": [{task: STRATIFIED_ITEMS}], "uniform": [{task: ARM_ITEMS[:-1]}]}, per_item=True
+    )
     with pytest.raises(ValueError, match="paired"):
         se.judge(list(other["runs"].values()), TASK_NAMES, None)
 
@@ -105,7 +121,8 @@ def test_seeds_are_averaged_item_by_item_before_pairing():
     task = TASK_NAMES[0]
     first, second = ARM_ITEMS, [1.0] * ITEMS
     data = fake_data(
-        {"stratified": [{task: STRATIFIED_ITEMS}] * 2, "uniform": [{task: first}, {task: second}]}, per_item=True
+        {"stratified": [{task: STRATIFIED_ITEMS}] * 2, "uniform": [{task: first}, {task: second}]},
+        per_item=True,
     )
     figures = se.judge(list(data["runs"].values()), TASK_NAMES, None)
     averaged = [(a + b) / 2 for a, b in zip(first, second, strict=True)]
@@ -134,7 +151,10 @@ def test_too_few_items_are_not_judged_and_the_verdict_names_the_tasks():
         for t, w in zip(tasks, ["wins", "ties", "loses", "wins"], strict=True)
     }
     assert se.verdict("uniform", differences, tasks) == "vs uniform: wins on a, d; loses on c; ties on b"
-    assert se.verdict("uniform", dict.fromkeys(tasks), tasks) == "vs uniform: not judged (rows without per-item scores)"
+    assert (
+        se.verdict("uniform", dict.fromkeys(tasks), tasks)
+        == "vs uniform: not judged (rows without per-item scores)"
+    )
 
 
 def test_the_best_single_task_arm_is_the_highest_mean_over_tasks():
@@ -153,7 +173,10 @@ def test_the_best_single_task_arm_is_the_highest_mean_over_tasks():
     best, means = se.best_single(rows, TASK_NAMES)
     assert best == "single:asr" and set(means) == {"single:caption", "single:asr"}
     assert means["single:asr"] > means["single:caption"]
-    assert se.compared_arms(rows, TASK_NAMES) == [("stratified", "stratified"), ("best single-task (single:asr)", "single:asr")]
+    assert se.compared_arms(rows, TASK_NAMES) == [
+        ("stratified", "stratified"),
+        ("best single-task (single:asr)", "single:asr"),
+    ]
     tied = [r | {"scores": dict.fromkeys(TASK_NAMES, 0.5)} for r in rows if r["arm"].startswith("single:")]
     assert se.best_single(tied, TASK_NAMES)[0] == "single:caption"  # caption comes before asr in the suite
     assert TASK_NAMES.index("caption") < TASK_NAMES.index("asr")
@@ -170,7 +193,9 @@ def test_render_tables_intervals_and_a_verdict_line_per_recipe_and_size():
     }
     data = fake_data(per_arm, per_item=True)
     data["runs"].update(fake_data(per_arm, size=128, per_item=True)["runs"])
-    data["runs"].update(fake_data({"stratified": [{}], "uniform": [{}]}, recipe="fp8")["runs"])  # no per-item scores
+    data["runs"].update(
+        fake_data({"stratified": [{}], "uniform": [{}]}, recipe="fp8")["runs"]
+    )  # no per-item scores
     original = {
         "items": SETTINGS["items"], "model": IDENTITY, "scores": dict.fromkeys(TASK_NAMES, 0.5),
         "item_scores": {t: se.item_text([0.5] * ITEMS) for t in TASK_NAMES} | {task: se.item_text(STRATIFIED_ITEMS)},
@@ -195,14 +220,17 @@ def test_render_tables_intervals_and_a_verdict_line_per_recipe_and_size():
     assert "best single-task: single:caption." in first
     uniform = se.paired(ARM_ITEMS, STRATIFIED_ITEMS)
     loss = se.paired(STRATIFIED_ITEMS, ARM_ITEMS)
-    assert f"| {TASKS[0].group} | {task} | +0.0 [+0.0, +0.0] | {loss['diff']:+.1f} [{loss['low']:+.1f}, {loss['high']:+.1f}] | -50.0 [" in first
+    assert (
+        f"| {TASKS[0].group} | {task} | +0.0 [+0.0, +0.0] | {loss['diff']:+.1f} [{loss['low']:+.1f}, {loss['high']:+.1f}] | -50.0 ["
+        in first
+    )
     assert f"| {uniform['diff']:+.1f} [{uniform['low']:+.1f}, {uniform['high']:+.1f}] wins |" in first
     rest = ", ".join(TASK_NAMES[1:])
     assert (
         f"**Verdict, w4a16 at 32 samples:** stratified vs uniform: wins on {task}; ties on {rest}. Stratified vs "
         f"best single-task (single:caption): loses on {task}; ties on {rest}."
     ) in first
-    assert f"made by {STATE['commit']} (current)." in first and "stale" not in text
+    assert f"made by {STATE['commit']} (current); measured on cpu (torch 1)." in first and "stale" not in text
     fp8 = text.split("### ")[3]
     assert "No loss or difference intervals: these rows hold no per-item scores" in fp8 and "| - |" not in fp8
     assert "stratified vs uniform: not judged (rows without per-item scores)." in fp8
@@ -239,11 +267,17 @@ def test_every_arm_draws_from_its_own_records_for_either_suite(tmp_path):
         assert se.arm_families("text-only", suite) == {suite.TASKS_BY_NAME[text_task].family}
         assert se.arm_families("captions-only", suite) == {suite.TASKS_BY_NAME["caption"].family}
     pool = se.write_pool(tmp_path / "smol", 2, smol_tasks)
-    for arm, task in (("single:ocr_table", "ocr_table"), ("captions-only", "caption"), ("text-only", "capitals")):
+    for arm, task in (
+        ("single:ocr_table", "ocr_table"),
+        ("captions-only", "caption"),
+        ("text-only", "capitals"),
+    ):
         samples, label = se.arm_samples(arm, pool, tmp_path, 3, 0, tmp_path, set(), smol_tasks)
         assert len(samples) == 3 and label == f"{arm}, seed 0"  # 2 records repeated to 3
         prompts = {s.messages[0]["content"] for s in samples}
-        expected = {r["messages"][0]["content"] for r in se.pool_records(pool) if r["id"].startswith(task + "-")}
+        expected = {
+            r["messages"][0]["content"] for r in se.pool_records(pool) if r["id"].startswith(task + "-")
+        }
         assert prompts <= expected, arm
 
 
@@ -280,11 +314,30 @@ def test_a_changed_model_identity_settings_or_code_invalidates_a_row():
     data = {"original": {}, "runs": {se.run_name("w4a16", "stratified", 32, 0): row}}
     stale = se.render(data, *se.expected_keys(data, other_model, STATE))
     assert "### w4a16, 32 calibration samples, stale (measured at abc1234)" in stale
-    assert "made by stale (measured at abc1234)." in stale
+    assert "made by stale (measured at abc1234); measured on cpu (torch 1)." in stale
     assert "| group | task |" in stale and "(n=1)" in stale  # its figures, not blanks
     assert "Over the 1 stale tables" in stale and "Over all" not in stale  # kept apart from current tables
     current = se.render(data, *se.expected_keys(data, IDENTITY, STATE))
     assert "| group | task |" in current and "stale" not in current
+
+
+def test_a_gpu_row_is_checked_with_its_own_machines_libraries():
+    """A row measured on a GPU machine (its CUDA torch is not the one here) stays current while the
+    code, model and settings match; a CPU row with other library versions is stale."""
+    gpu = {"torch": "2.11.0+cu130"}
+    row = fake_row("w4a16", "stratified", 32, 0, {}) | {"device": "NVIDIA H200"}
+    row["provenance"] = se.row_key(
+        se.run_name("w4a16", "stratified", 32, 0), se.run_spec("w4a16", "stratified", 32, IDENTITY), SETTINGS,
+        STATE | {"versions": gpu}, ["quantkit/errors.py"],
+    )  # fmt: skip
+    assert se.current(row, se.expected_run(row, IDENTITY, STATE))
+    assert not se.current(row, se.expected_run(row, IDENTITY, STATE | {"bench": "c" * 64}))
+    assert not se.current(row, se.expected_run(row, IDENTITY | {"hash": "fedcba9876543210"}, STATE))
+    on_cpu = row | {"device": "cpu"}
+    assert not se.current(on_cpu, se.expected_run(on_cpu, IDENTITY, STATE))
+    data = {"original": {}, "runs": {se.run_name("w4a16", "stratified", 32, 0): row}}
+    text = se.render(data, *se.expected_keys(data, IDENTITY, STATE))
+    assert "measured on NVIDIA H200 (torch 2.11.0+cu130)." in text and "stale" not in text
 
 
 def test_model_identity_follows_the_weights_tokenizer_configs_and_skills_manifest(tmp_path):
@@ -292,7 +345,9 @@ def test_model_identity_follows_the_weights_tokenizer_configs_and_skills_manifes
     (tmp_path / "tokenizer.json").write_text("{}")
     first = se.model_identity(tmp_path)  # every optional file but one missing: counted, no crash
     assert first["files"] == ["model.safetensors", "tokenizer.json"]
-    assert {"config.json", "generation_config.json", "processor_config.json", "skills.json"} <= set(first["missing"])
+    assert {"config.json", "generation_config.json", "processor_config.json", "skills.json"} <= set(
+        first["missing"]
+    )
     assert se.model_identity(tmp_path) == first
     seen = {first["hash"]}
     for name in ("config.json", "generation_config.json", "processor_config.json", "preprocessor_config.json",
@@ -352,7 +407,9 @@ def test_a_run_is_measured_once_then_reused(zoo_model, tmp_path, capsys):
     ]  # fmt: skip
     se.main(argv)
     out = capsys.readouterr().out
-    assert "[1/2] w4a16/text-only/2/0: measuring" in out and "[2/2] w4a16/single:caption/2/0: measuring" in out
+    assert (
+        "[1/2] w4a16/text-only/2/0: measuring" in out and "[2/2] w4a16/single:caption/2/0: measuring" in out
+    )
     data = json.loads(results.read_text())
     assert set(data["runs"]) == {"w4a16/text-only/2/0", "w4a16/single:caption/2/0"}
     (original,) = data["original"].values()
@@ -360,7 +417,9 @@ def test_a_run_is_measured_once_then_reused(zoo_model, tmp_path, capsys):
         assert row["suite"] == "tiny-omni-skills" and set(row["scores"]) == set(TASK_NAMES)
         for task in TASK_NAMES:
             values = [float(v) for v in row["item_scores"][task].split()]
-            assert len(values) == 2 and statistics.mean(values) == pytest.approx(row["scores"][task], abs=1e-6)
+            assert len(values) == 2 and statistics.mean(values) == pytest.approx(
+                row["scores"][task], abs=1e-6
+            )
     row = data["runs"]["w4a16/single:caption/2/0"]
     assert row["items"] == 2 and row["model"]["hash"] == se.model_identity(model)["hash"]
     assert row["provenance"]["files"] and "quantkit/quantize/__init__.py" in row["provenance"]["files"]
@@ -378,4 +437,26 @@ def test_a_run_is_measured_once_then_reused(zoo_model, tmp_path, capsys):
         se.main(["stratified" if a == "text-only,single:caption" else a for a in argv])
     assert raised.value.code == 2
     assert "w4a16/stratified/2/0: " in capsys.readouterr().err
+    assert json.loads(results.read_text()) == data
+
+
+def test_runs_measured_in_parallel_are_the_rows_a_sequential_run_reuses(zoo_model, tmp_path, capsys):
+    """``--workers 2``: the original and two runs in spawned processes, each saved with its
+    per-item scores and where it was measured; the sequential path then finds every row current."""
+    model = zoo_model("tiny-omni-skills")
+    results = tmp_path / "rows.json"
+    argv = [
+        "--model", str(model), "--work", str(tmp_path / "work"), "--results", str(results),
+        "--recipes", "w4a16", "--arms", "uniform,text-only", "--sizes", "2", "--seeds", "0",
+        "--items", "2", "--pool-per-task", "2", "--threads", "1",
+    ]  # fmt: skip
+    se.main([*argv, "--workers", "2"])
+    assert "measuring 2 in 2 processes" in capsys.readouterr().out
+    data = json.loads(results.read_text())
+    assert set(data["runs"]) == {"w4a16/uniform/2/0", "w4a16/text-only/2/0"} and len(data["original"]) == 1
+    for row in [*data["runs"].values(), *data["original"].values()]:
+        assert row["device"] == "cpu" and len(row["item_scores"][TASK_NAMES[0]].split()) == 2
+    se.main(argv)
+    out = capsys.readouterr().out
+    assert "original: cached" in out and out.count(": cached (made by") == 3
     assert json.loads(results.read_text()) == data

@@ -142,6 +142,8 @@ def read_skills(model_dir: Path) -> dict:
 
 
 def _load(model_dir: Path):
+    import torch
+
     from quantkit.models.adapters import adapter_for
     from quantkit.quantize.run import saved_dtype
 
@@ -152,6 +154,8 @@ def _load(model_dir: Path):
         processor = adapter.load_processor(model_dir)
     except Exception as err:
         raise InputError(f"could not load the model: {type(err).__name__}: {err}", path=model_dir) from None
+    if torch.cuda.is_available():  # generation on the GPU where there is one (one device: no sharding)
+        model.to("cuda")
     return model.eval(), processor
 
 
@@ -206,6 +210,7 @@ def score_loaded(
         for start in range(0, len(held_out), batch):
             chunk = held_out[start : start + batch]
             inputs = processor_inputs(processor, chunk, with_answers=False)
+            inputs = {k: v.to(model.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
             with torch.no_grad():
                 out = model.generate(**inputs, max_new_tokens=suite.MAX_NEW_TOKENS, do_sample=False)
             texts = processor.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
