@@ -35,6 +35,7 @@ def _register_pipelines() -> None:
     global _registered
     if _registered:
         return
+    from compressed_tensors.offload import set_onload_device
     from compressed_tensors.utils import patch_attr
     from llmcompressor.core import active_session
     from llmcompressor.pipelines.registry import CalibrationPipeline
@@ -73,6 +74,12 @@ def _register_pipelines() -> None:
                         )
                     else:
                         CalibrationPipeline.load_from_registry("datafree")(model, dataloader, dataset_args)
+            # The sequential pipeline left the decoder's modules onloading to the GPU on access, while
+            # the rest of the model (the thinker's lm_head, the towers) are plain CPU modules: saving
+            # compares the tied embeddings across the two devices (llmcompressor's
+            # _retie_embeddings: a RuntimeError, seen on an H200). Onloading to the CPU leaves the
+            # model as a CPU run leaves it (there this changes nothing).
+            set_onload_device(decoder, torch.device("cpu"))
 
     _registered = True
 
