@@ -70,6 +70,9 @@ RESULTS = RESULTS_FILES["tiny-omni-skills"]
 ZOO_WEIGHTS = ROOT / "quantkit" / "zoo" / "weights"
 ZOO_RECORD = ZOO_WEIGHTS / "tiny-omni-skills.json"  # a folder whose skills.json names no suite
 POOL_SEED = 7
+# Held-out items per generate call when scoring (left-padded batches: the size can move a greedy
+# answer, so it is a setting of every row). 64 on a GPU machine, where 16 leaves it idle.
+SCORE_BATCH = 16
 # What, beside the weights, decides what a model answers: its tokenizer and chat template, its
 # configs (architecture, generation defaults, how media become inputs) and, for tiny-omni-skills,
 # the skills manifest (quantkit/zoo/skills.py: the tasks it was trained on). Each is hashed when
@@ -188,7 +191,8 @@ def expected_run(row: dict, identity: dict, state: dict, settings: dict | None =
 def expected_original(row: dict, identity: dict, state: dict) -> dict:
     files = (row.get("provenance") or {}).get("files")
     spec = {"model": {k: identity[k] for k in ("hash", "record")}}
-    return row_key("original", spec, {"items": row["items"]}, row_state(row, state), files)
+    settings = {"items": row["items"], "score_batch": row.get("score_batch", SCORE_BATCH)}
+    return row_key("original", spec, settings, row_state(row, state), files)
 
 
 def current(row: dict | None, expected: dict | None) -> bool:
@@ -291,12 +295,15 @@ def item_text(values: list[float]) -> str:
     return " ".join(f"{v:.6g}" for v in values)
 
 
-def scored(model_dir: Path, suite, items: int, suite_from: Path | None = None) -> dict:
+def scored(
+    model_dir: Path, suite, items: int, suite_from: Path | None = None, batch: int = SCORE_BATCH
+) -> dict:
     """``model_dir``'s per-task scores and per-item scores (in the order the items are drawn, the
     same for every model: the pairing) on the suite's held-out items."""
     from quantkit.eval.skills import score_model
 
-    tasks = score_model(model_dir, [t.name for t in suite.TASKS], items=items, suite_from=suite_from).tasks
+    names = [t.name for t in suite.TASKS]
+    tasks = score_model(model_dir, names, items=items, batch=batch, suite_from=suite_from).tasks
     return {
         "suite": suite.SUITE,
         "scores": {t.task: t.score for t in tasks},
@@ -315,8 +322,10 @@ def measure_run(
     items: int,
     built: set,
     suite=None,
+    batch: int = SCORE_BATCH,
 ) -> dict:
-    """Quantize one arm's checkpoint and score it on the held-out items (the original's)."""
+    """Quantize one arm's checkpoint and score it on the held-out items (the original's), ``batch``
+    items a generate call."""
     from quantkit.quantize import quantize
     from quantkit.recipes.registry import resolve_recipe
     from quantkit.synthetic import skills_tasks
@@ -327,7 +336,9 @@ def measure_run(
     started = time.monotonic()
     quantize(model, checkpoint, resolve_recipe(recipe), samples, force=True, progress=False)
     quantized = time.monotonic()
-    scores = scored(checkpoint, suite, items, suite_from=model)  # a checkpoint has no skills.json
+    scores = scored(
+        checkpoint, suite, items, suite_from=model, batch=batch
+    )  # a checkpoint has no skills.json
     return {
         "device": measuring_device(),
         "calibration": label,
@@ -338,13 +349,13 @@ def measure_run(
     }
 
 
-def original_row(model: Path, identity: dict, state: dict, items: int) -> dict:
+def original_row(model: Path, identity: dict, state: dict, items: int, batch: int = SCORE_BATCH) -> dict:
     """Measure the original's scores on its suite: its stored row, keyed as
     :func:`expected_original` checks it (``state``: the code state of the bench that stores it)."""
     from _shared import loaded_sources
 
     clock = time.monotonic()
-    scores = scored(model, model_suite(model), items)
+    scores = scored(model, model_suite(model), items, batch=batch)
     spec = {"model": {k: identity[k] for k in ("hash", "record")}}
     return {
         "items": items,
@@ -352,7 +363,10 @@ def original_row(model: Path, identity: dict, state: dict, items: int) -> dict:
         "device": measuring_device(),
         "seconds": round(time.monotonic() - clock, 1),
         **scores,
-        "provenance": row_key("original", spec, {"items": items}, state, loaded_sources()),
+        "score_batch": batch,
+        "provenance": row_key(
+            "original", spec, {"items": items, "score_batch": batch}, state, loaded_sources()
+        ),
     }
 
 
@@ -370,7 +384,7 @@ MEASURING = (
     original_row,
 )
 # The module-level values those functions read, by name (inspect.getsource sees only their bodies).
-MEASURED_VALUES = ("POOL_SEED", "SINGLE", "TEXT_MODALITY", "CAPTION_FAMILY")
+MEASURED_VALUES = ("POOL_SEED", "SINGLE", "TEXT_MODALITY", "CAPTION_FAMILY", "SCORE_BATCH")
 
 
 # ---------------------------------------------------------------------- measuring in parallel
@@ -412,7 +426,17 @@ def measured_row(
     _in_worker(threads)
     name = run_name(recipe, arm, size, seed)
     measured = measure_run(
-        model, pool, work, recipe, arm, size, seed, items, {(size, seed)}, model_suite(model)
+        model,
+        pool,
+        work,
+        recipe,
+        arm,
+        size,
+        seed,
+        items,
+        {(size, seed)},
+        model_suite(model),
+        settings["score_batch"],
     )
     spec = run_spec(recipe, arm, size, identity)
     row = {
@@ -428,10 +452,10 @@ def measured_row(
     return name, row
 
 
-def scored_original(model: Path, identity: dict, state: dict, items: int, threads: int) -> dict:
+def scored_original(model: Path, identity: dict, state: dict, items: int, batch: int, threads: int) -> dict:
     """A worker's job: the original's row."""
     _in_worker(threads)
-    return original_row(model, identity, state, items)
+    return original_row(model, identity, state, items, batch)
 
 
 def measure_parallel(
@@ -456,7 +480,9 @@ def measure_parallel(
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as executor:
         jobs: dict = {}
         if original:
-            job = executor.submit(scored_original, args.model, identity, state, args.items, args.threads)
+            job = executor.submit(
+                scored_original, args.model, identity, state, args.items, args.score_batch, args.threads
+            )
             jobs[job] = ("original",)
         needed = dict.fromkeys((size, seed) for _, arm, size, seed in todo if arm == "stratified")
         for size, seed in needed:
@@ -951,6 +977,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--items", type=int, default=24, help="held-out items per task")
     parser.add_argument("--pool-per-task", type=int, default=24)
     parser.add_argument(
+        "--score-batch", type=int, default=SCORE_BATCH, help="held-out items per generate call (64 on a GPU)"
+    )
+    parser.add_argument(
         "--workers",
         type=int,
         default=1,
@@ -981,7 +1010,12 @@ def main(argv: list[str] | None = None) -> None:
     identity = model_identity(args.model)
     state = code_state()
     data = load(results)
-    settings = {"items": args.items, "pool_per_task": args.pool_per_task, "pool_seed": POOL_SEED}
+    settings = {
+        "items": args.items,
+        "pool_per_task": args.pool_per_task,
+        "pool_seed": POOL_SEED,
+        "score_batch": args.score_batch,
+    }
     # Seed by seed (a first seed of every table comes before any second one): what a run cut short
     # leaves is a comparison, not one arm's seeds.
     plan = [
@@ -1016,7 +1050,7 @@ def main(argv: list[str] | None = None) -> None:
         if current(row, expected_original(row, identity, state) if row else None):
             print(f"original: cached (made by {row['provenance']['commit']})", flush=True)
         else:
-            data["original"][name] = original_row(args.model, identity, state, args.items)
+            data["original"][name] = original_row(args.model, identity, state, args.items, args.score_batch)
             save(results, data)
             print(f"original: scored in {data['original'][name]['seconds']:.0f} s", flush=True)
         pool, built, took = None, set(), []
@@ -1039,7 +1073,17 @@ def main(argv: list[str] | None = None) -> None:
                 pool = write_pool(args.work, args.pool_per_task, suite)
             try:
                 measured = measure_run(
-                    args.model, pool, args.work, recipe, arm, size, seed, args.items, built, suite
+                    args.model,
+                    pool,
+                    args.work,
+                    recipe,
+                    arm,
+                    size,
+                    seed,
+                    args.items,
+                    built,
+                    suite,
+                    args.score_batch,
                 )
             except QuantkitError as err:  # a size calibrate refuses, ...: the rows so far are saved
                 parser.exit(2, f"{head}: {err}\n")

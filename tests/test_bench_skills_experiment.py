@@ -20,7 +20,7 @@ from quantkit.synthetic.skills_tasks import TASKS  # noqa: E402
 TASK_NAMES = [t.name for t in TASKS]
 IDENTITY = {"hash": "0123456789abcdef", "record": None, "files": ["model.safetensors"]}
 STATE = {"bench": "b" * 64, "versions": {"torch": "1"}, "commit": "abc1234"}
-SETTINGS = {"items": 8, "pool_per_task": 4, "pool_seed": se.POOL_SEED}
+SETTINGS = {"items": 8, "pool_per_task": 4, "pool_seed": se.POOL_SEED, "score_batch": se.SCORE_BATCH}
 
 
 def fake_row(
