@@ -349,6 +349,25 @@ def measure_run(
     }
 
 
+def run_row(entry: tuple, measured: dict, settings: dict, identity: dict, state: dict) -> dict:
+    """A measured run (``entry``: recipe, arm, size, seed) as it is stored: its provenance over the
+    quantkit files the measuring process loaded."""
+    from _shared import loaded_sources
+
+    recipe, arm, size, seed = entry
+    spec = run_spec(recipe, arm, size, identity)
+    return {
+        "recipe": recipe,
+        "arm": arm,
+        "size": size,
+        "seed": seed,
+        "settings": settings,
+        "model": identity,
+        **measured,
+        "provenance": row_key(run_name(*entry), spec, settings, state, loaded_sources()),
+    }
+
+
 def original_row(model: Path, identity: dict, state: dict, items: int, batch: int = SCORE_BATCH) -> dict:
     """Measure the original's scores on its suite: its stored row, keyed as
     :func:`expected_original` checks it (``state``: the code state of the bench that stores it)."""
@@ -421,8 +440,6 @@ def measured_row(
 ) -> tuple[str, dict]:
     """A worker's job: one run measured and made into its stored row (its provenance over the
     quantkit files this process loaded)."""
-    from _shared import loaded_sources
-
     _in_worker(threads)
     name = run_name(recipe, arm, size, seed)
     measured = measure_run(
@@ -438,18 +455,7 @@ def measured_row(
         model_suite(model),
         settings["score_batch"],
     )
-    spec = run_spec(recipe, arm, size, identity)
-    row = {
-        "recipe": recipe,
-        "arm": arm,
-        "size": size,
-        "seed": seed,
-        "settings": settings,
-        "model": identity,
-        **measured,
-        "provenance": row_key(name, spec, settings, state, loaded_sources()),
-    }
-    return name, row
+    return name, run_row((recipe, arm, size, seed), measured, settings, identity, state)
 
 
 def scored_original(model: Path, identity: dict, state: dict, items: int, batch: int, threads: int) -> dict:
@@ -1087,19 +1093,7 @@ def main(argv: list[str] | None = None) -> None:
                 )
             except QuantkitError as err:  # a size calibrate refuses, ...: the rows so far are saved
                 parser.exit(2, f"{head}: {err}\n")
-            from _shared import loaded_sources
-
-            spec = run_spec(recipe, arm, size, identity)
-            data["runs"][name] = {
-                "recipe": recipe,
-                "arm": arm,
-                "size": size,
-                "seed": seed,
-                "settings": settings,
-                "model": identity,
-                **measured,
-                "provenance": row_key(name, spec, settings, state, loaded_sources()),
-            }
+            data["runs"][name] = run_row((recipe, arm, size, seed), measured, settings, identity, state)
             save(results, data)
             took.append(time.monotonic() - clock)
             left = (len(plan) - index) * statistics.mean(took)
