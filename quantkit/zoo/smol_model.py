@@ -18,7 +18,10 @@ SMOL_VOCAB = 49152
 VOCAB_SIZE = SMOL_VOCAB + 16  # the Omni special tokens, padded to a multiple of 16
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 # The LoRA: rank, scale and the decoder layers it adapts (the upper third: training then needs no
-# backward pass through the lower layers).
+# backward pass through the lower layers, and the lower two thirds keep SmolLM2's own sensitivity to
+# quantization). Tried 2026-12-04: every layer lets the model learn grounding's lookup (with perfect
+# tower outputs 1.00 against 0.38; greedy 0.60 against 0.35) but makes it robust to quantization:
+# 4-bit RTN then lost 5 points on the OCR tasks instead of 35-92, and the testbed no longer discriminates.
 LORA_RANK = 16
 LORA_ALPHA = 32.0
 LORA_LAYERS = range(20, 30)

@@ -94,14 +94,8 @@ def surrogate_embeds(
     """The language model's input embeddings with each media token replaced by the embedding of the
     token it should read as (what perfectly trained towers would emit), plus optional noise."""
     embed = model.get_input_embeddings()
-    ids = inputs["input_ids"]
-    out = embed(ids).clone()
-    cfg = model.config
-    for kind, token_id in (
-        ("image", cfg.image_token_id),
-        ("video", cfg.video_token_id),
-        ("audio", cfg.audio_token_id),
-    ):
+    filled = {}
+    for kind in MEDIA_KINDS:  # in this order: the noise draws
         if kind not in targets:
             continue
         values = embed(targets[kind]).detach()
@@ -109,7 +103,19 @@ def surrogate_embeds(
             values = values + noise * values.norm(dim=-1, keepdim=True) / math.sqrt(
                 values.shape[-1]
             ) * torch.randn_like(values)
-        out[ids == token_id] = values
+        filled[kind] = values
+    return with_media(model, inputs["input_ids"], filled)
+
+
+MEDIA_KINDS = ("image", "video", "audio")
+
+
+def with_media(model, ids: torch.Tensor, filled: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The language model's input embeddings of ``ids`` with each kind's media slots (its
+    placeholder token, in order) holding ``filled[kind]``."""
+    out = model.get_input_embeddings()(ids).clone()
+    for kind, values in filled.items():
+        out[ids == getattr(model.config, f"{kind}_token_id")] = values.to(out.dtype)
     return out
 
 
@@ -259,19 +265,9 @@ def target_vocabulary() -> set[str]:
 
 def tower_embeds(model, inputs: dict) -> torch.Tensor:
     """The language model's input embeddings with what the (frozen) towers emit in the media slots."""
-    ids = inputs["input_ids"]
-    out = model.get_input_embeddings()(ids).clone()
-    cfg = model.config
     with torch.no_grad():
         features = media_features(model, inputs)
-    for kind, token_id in (
-        ("image", cfg.image_token_id),
-        ("video", cfg.video_token_id),
-        ("audio", cfg.audio_token_id),
-    ):
-        if kind in features:
-            out[ids == token_id] = features[kind].to(out.dtype)
-    return out
+    return with_media(model, inputs["input_ids"], features)
 
 
 def lm_loss(
