@@ -22,8 +22,9 @@ xz -T0 -6 -c "$smol"/*.gguf > "$site/gguf.xz"
 tree=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
 room=$((64 * 1024 * 1024 - tree - 1500000))  # a call's room beside the tree, with a margin
 first=$((room - $(stat -c %s .gpu/p1/site.tar.xz)))
-head -c "$first" "$site/gguf.xz" > .gpu/p1/gg.aa
-tail -c +$((first + 1)) "$site/gguf.xz" | head -c "$room" > .gpu/p2/gg.ab
-tail -c +$((first + room + 1)) "$site/gguf.xz" > .gpu/p3/gg.ac
+part() { dd if="$site/gguf.xz" of="$1" iflag=skip_bytes,count_bytes skip="$2" ${3:+count="$3"} bs=1M status=none; }
+part .gpu/p1/gg.aa 0 "$first"
+part .gpu/p2/gg.ab "$first" "$room"
+part .gpu/p3/gg.ac $((first + room))
 git rev-parse --short HEAD > .gpu/p3/commit
 du -b .gpu/p*/* | sort -k2
