@@ -64,8 +64,13 @@ def test_smol_verdicts_count_only_differences_beyond_the_seed_spread():
     assert f"{statistics.mean(plain):.4f} ± {max(plain) - min(plain):.4f}" in row and "cplain" in row
 
 
-@pytest.mark.parametrize("arms, variant", [(tw.ARMS, lambda arm: tw.variant("w4a16", arm)),
-                                            (tw.SMOL_ARMS, lambda arm: tw.smol_recipe("w4a16", arm))])
+@pytest.mark.parametrize(
+    "arms, variant",
+    [
+        (tw.ARMS, lambda arm: tw.variant("w4a16", arm)),
+        (tw.SMOL_ARMS, lambda arm: tw.smol_recipe("w4a16", arm)),
+    ],
+)
 def test_every_arm_names_its_observer_so_plain_stays_plain_gptq(arms, variant):
     """The shipped w4a16 picks imatrix_mse, so plain and the token-weighted arms must name the
     library's memoryless_minmax: each weighted arm differs from plain by its token weights alone,
@@ -106,7 +111,9 @@ def test_the_shipped_defaults_sentence_is_read_from_the_recipes():
         "(off) in every other built-in recipe."
     )
     assert tw.shipped_calibration([plain]).startswith("Every built-in recipe leaves weight_observer unset")
-    assert tw.shipped_calibration() in tw.smol_render(smol_runs({"plain": [0.2, 0.21], "imatrix": [0.1, 0.11]}))
+    assert tw.shipped_calibration() in tw.smol_render(
+        smol_runs({"plain": [0.2, 0.21], "imatrix": [0.1, 0.11]})
+    )
 
 
 def test_smol_render_judges_nothing_on_one_seed():
@@ -173,7 +180,9 @@ def keyed_results(
     for row in smol_runs({"plain": list(kl_by_seed.values())}):
         row["seed"] = list(kl_by_seed)[row["seed"]]
         made = other if row["seed"] in stale_seeds else state
-        row["provenance"] = tw.smol_provenance(plan, "w4a16", "plain", row["seed"], made, ["quantkit/quantize/run.py"])
+        row["provenance"] = tw.smol_provenance(
+            plan, "w4a16", "plain", row["seed"], made, ["quantkit/quantize/run.py"]
+        )
         runs[tw.smol_name("w4a16", "plain", 16, row["seed"], 16)] = row
     saved = {"plan": plan, "runs": runs}
     path.write_text(json.dumps(saved), encoding="utf-8")
@@ -197,7 +206,11 @@ def test_smol_rows_are_keyed_by_the_code_and_stale_ones_keep_their_figures_marke
     row = next(line for line in text.splitlines() if line.startswith("| plain | 21.11%"))
     assert f"{current['commit']} (current)" in row and "| 1 |" in row  # seed 0 alone: seed 1 has its own row
     stale = next(line for line in text.splitlines() if line.startswith("| plain (seeds 1) |"))
-    assert "98.76%" in stale and "0.9876" in stale and stale.endswith("| 1 | 101 s | stale (measured at 89abcde) |")
+    assert (
+        "98.76%" in stale
+        and "0.9876" in stale
+        and stale.endswith("| 1 | 101 s | stale (measured at 89abcde) |")
+    )
     assert "| plain | not measured: seed 2 missing |" in text
     assert "2 of 3 planned runs are not measured at this code" in text
 
@@ -257,7 +270,13 @@ def test_smol_current_rows_are_reused_not_measured(tmp_path, capsys, zoo_model):
 import skills_experiment as se  # noqa: E402
 
 FILES = ["quantkit/quantize/run.py"]  # the module list a hand-made row claims its process loaded
-PLAN = {"settings": ["w4a16"], "arms": ["plain", "imatrix"], "seeds": [0, 1], "items": 24, "pool_per_task": 12}
+PLAN = {
+    "settings": ["w4a16"],
+    "arms": ["plain", "imatrix"],
+    "seeds": [0, 1],
+    "items": 24,
+    "pool_per_task": 12,
+}
 
 
 def fake_model(folder: Path, weights: bytes = b"weights") -> Path:
@@ -301,8 +320,16 @@ def skills_row(setting, arm, seed, scores, identity, state, packed=("a", "b")) -
 
 def original_row(scores: dict, identity: dict, state: dict) -> dict:
     spec = {"model": {k: identity[k] for k in ("hash", "record")}}
-    provenance = se.row_key("original", spec, {"items": PLAN["items"]}, state, FILES)
-    return {"items": PLAN["items"], "model": identity, "seconds": 1.0, "scores": scores, "provenance": provenance}
+    provenance = se.row_key(
+        "original", spec, {"items": PLAN["items"], "score_batch": se.SCORE_BATCH}, state, FILES
+    )
+    return {
+        "items": PLAN["items"],
+        "model": identity,
+        "seconds": 1.0,
+        "scores": scores,
+        "provenance": provenance,
+    }
 
 
 def stored(path: Path, original: dict, runs: list[dict], identity: dict) -> dict:
@@ -327,7 +354,13 @@ def test_judged_tasks_are_those_the_original_scores_clearly_above_chance():
     threshold = tw.judged_threshold("ocr_table", items)
     original = {
         "items": items,
-        "scores": task_scores(1.0, ocr_table=threshold - 1 / items, asr=0.0, grounding=1 / 9, caption=tw.judged_threshold("caption", items)),
+        "scores": task_scores(
+            1.0,
+            ocr_table=threshold - 1 / items,
+            asr=0.0,
+            grounding=1 / 9,
+            caption=tw.judged_threshold("caption", items),
+        ),
     }
     judged = tw.judged_tasks(original)
     assert judged == [t.name for t in TASKS if t.name not in ("ocr_table", "asr", "grounding")]
@@ -363,11 +396,19 @@ def test_unmoved_tasks_are_named_and_losses_against_the_original_reported():
     identity = {"hash": "h" * 16, "record": None}
     original = {"items": 24, "scores": task_scores(1.0, ocr_table=0.25), "provenance": {"commit": "abc1234"}}
     state = tw.skills_state()
-    rows = [skills_row("w4a16", "plain", s, task_scores(1.0, ocr_table=v), identity, state) for s, v in ((0, 0.25), (1, 0.208))]
-    rows += [skills_row("w4a16", "imatrix", s, task_scores(1.0, ocr_table=5 / 24), identity, state) for s in (0, 1)]
+    rows = [
+        skills_row("w4a16", "plain", s, task_scores(1.0, ocr_table=v), identity, state)
+        for s, v in ((0, 0.25), (1, 0.208))
+    ]
+    rows += [
+        skills_row("w4a16", "imatrix", s, task_scores(1.0, ocr_table=5 / 24), identity, state) for s in (0, 1)
+    ]
     text = tw.render(PLAN, identity, original, rows)
     assert "ocr_digits (no movement: nothing to judge)" in text and "| image | ocr_table |" in text
-    assert "Of the issue's precision tasks (ocr_digits, ocr_table, grounding and temporal_grounding), ocr_table is judged here" in text
+    assert (
+        "Of the issue's precision tasks (ocr_digits, ocr_table, grounding and temporal_grounding), ocr_table is judged here"
+        in text
+    )
     assert "- w4a16, plain against the original beyond its seed spread: lost on no judged task" in text
     assert "imatrix on ocr_table 0.208 ± 0.000 vs original 0.250 (w4a16)" in text
     assert "No arm was worse than plain beyond the seed spread on any judged task." in text
@@ -383,7 +424,9 @@ def test_a_tie_at_the_spread_is_within_it_whatever_the_float_rounding():
         for s, v in enumerate(values)
     ]
     mean_gap = statistics.mean(imatrix) - statistics.mean(plain)
-    assert mean_gap > max(plain[1] - plain[0], imatrix[1] - imatrix[0])  # float rounding alone would call it one
+    assert mean_gap > max(
+        plain[1] - plain[0], imatrix[1] - imatrix[0]
+    )  # float rounding alone would call it one
     assert tw.differences("w4a16", runs, ["ocr_table"]) == {"imatrix": ([], [])}
 
 
@@ -413,7 +456,12 @@ def test_rows_of_another_model_or_other_code_are_not_current(tmp_path, capsys):
     ]
     stored(results, original_row(task_scores(1.0), identity, state), rows, identity)
     settings = tw.run_settings(PLAN)
-    assert [se.current(r, tw.expected_run(r, identity, state, settings)) for r in rows] == [True, False, True, False]
+    assert [se.current(r, tw.expected_run(r, identity, state, settings)) for r in rows] == [
+        True,
+        False,
+        True,
+        False,
+    ]
     before = results.read_bytes()
     work = tmp_path / "work"
     tw.main(["--model", str(model), "--work", str(work), "--render-only", "--results", str(results)])
@@ -424,9 +472,13 @@ def test_rows_of_another_model_or_other_code_are_not_current(tmp_path, capsys):
     assert stale_part.startswith("stale (measured at ") and "89abcde" in stale_part.split(")")[0]
     caption_then = next(line for line in stale_part.splitlines() if line.startswith("| image | caption |"))
     assert "| 0.777 ± 0.000 (n=1) | 0.666 ± 0.000 (n=1) |" in caption_then  # plain, imatrix seed 1
-    stale = [line for line in text.splitlines() if line.startswith("- w4a16, not measured at this code (stale")]
+    stale = [
+        line for line in text.splitlines() if line.startswith("- w4a16, not measured at this code (stale")
+    ]
     assert any(line.endswith("): plain seed 1") for line in stale)  # another model
-    assert any("made by 89abcde" in line and line.endswith("): imatrix seed 1") for line in stale)  # other code
+    assert any(
+        "made by 89abcde" in line and line.endswith("): imatrix seed 1") for line in stale
+    )  # other code
     assert "2 of 4 planned runs are not measured at this code" in text
     caption = next(line for line in current_part.splitlines() if line.startswith("| image | caption |"))
     assert "| 1.000 ± 0.000 (n=1) | 0.500 ± 0.000 (n=1) |" in caption
@@ -442,11 +494,18 @@ def test_stale_original_judges_nothing(tmp_path, capsys):
     state = tw.skills_state()
     results = tmp_path / "token_weights_skills.json"
     old = original_row(task_scores(0.888), {**identity, "hash": "1" * 16}, state)
-    stored(results, old, [skills_row("w4a16", "plain", s, task_scores(1.0), identity, state) for s in (0, 1)], identity)
+    stored(
+        results,
+        old,
+        [skills_row("w4a16", "plain", s, task_scores(1.0), identity, state) for s in (0, 1)],
+        identity,
+    )
     data = json.loads(results.read_text())
     data["original"] = {se.original_name(identity, PLAN["items"]): old}  # stored under this model's name
     results.write_text(json.dumps(data), encoding="utf-8")
-    tw.main(["--model", str(model), "--work", str(tmp_path / "work"), "--render-only", "--results", str(results)])
+    tw.main(
+        ["--model", str(model), "--work", str(tmp_path / "work"), "--render-only", "--results", str(results)]
+    )
     text = capsys.readouterr().out
     assert "original scores not measured at this code" in text
     assert "0.888" not in text  # no stale run to show the stale original beside
@@ -462,7 +521,8 @@ def test_current_rows_are_reused_and_judged_not_measured(tmp_path, capsys):
     results = tmp_path / "token_weights_skills.json"
     rows = [skills_row("w4a16", "plain", s, task_scores(1.0), identity, state) for s in (0, 1)]
     rows += [
-        skills_row("w4a16", "imatrix", s, task_scores(1.0, caption=v), identity, state) for s, v in ((0, 0.5), (1, 0.6))
+        skills_row("w4a16", "imatrix", s, task_scores(1.0, caption=v), identity, state)
+        for s, v in ((0, 0.5), (1, 0.6))
     ]
     data = stored(results, original_row(task_scores(1.0, asr=0.0), identity, state), rows, identity)
     work = tmp_path / "work"
@@ -470,8 +530,13 @@ def test_current_rows_are_reused_and_judged_not_measured(tmp_path, capsys):
     tw.main([*args, "--seeds", "0,1", "--items", "24", "--pool-per-task", "12", "--results", str(results)])
     text = capsys.readouterr().out
     after = json.loads(results.read_text())
-    assert after["runs"] == data["runs"] and after["original"] == data["original"] and list(work.iterdir()) == []
-    assert "- w4a16, imatrix against plain beyond the seed spread: better on no task; worse on caption -0.450" in text
+    assert (
+        after["runs"] == data["runs"] and after["original"] == data["original"] and list(work.iterdir()) == []
+    )
+    assert (
+        "- w4a16, imatrix against plain beyond the seed spread: better on no task; worse on caption -0.450"
+        in text
+    )
     assert "Worse than plain beyond the seed spread: imatrix on caption -0.450 (w4a16)." in text
     assert "imatrix on caption 0.550 ± 0.100 vs original 1.000 (w4a16)" in text
     assert "2 of 2 imatrix runs recorded weight_observer: imatrix_mse" in text
@@ -484,12 +549,16 @@ def test_the_skills_key_follows_model_setting_arm_and_code():
     settings = tw.run_settings(PLAN)
 
     def key(setting="w4a16", arm="plain", ident=identity, st=state, sets=settings):
-        return se.row_key(tw.run_name(setting, arm, 0), tw.run_spec(setting, arm, ident), sets, st, FILES)["key"]
+        return se.row_key(tw.run_name(setting, arm, 0), tw.run_spec(setting, arm, ident), sets, st, FILES)[
+            "key"
+        ]
 
     base = key()
     assert base == key()
     assert base != key(setting="w4a16-sym-10") and base != key(arm="tier")
-    assert base != key(ident={**identity, "record": "s" * 64}) and base != key(ident={**identity, "hash": "g" * 16})
+    assert base != key(ident={**identity, "record": "s" * 64}) and base != key(
+        ident={**identity, "hash": "g" * 16}
+    )
     assert base != key(st={**state, "bench": "d" * 64}) and base != key(sets={**settings, "items": 8})
     assert state["bench"] != se.code_state()["bench"]  # this part's measuring code is in its key too
 
@@ -543,9 +612,11 @@ def default_names(function) -> set[str]:
 def global_names(function) -> set[str]:
     """The global names ``function`` (or each method of a class) reads, nested code and default
     arguments included."""
-    members = [function] if hasattr(function, "__code__") else [
-        member for member in vars(function).values() if hasattr(member, "__code__")
-    ]
+    members = (
+        [function]
+        if hasattr(function, "__code__")
+        else [member for member in vars(function).values() if hasattr(member, "__code__")]
+    )
     codes = [member.__code__ for member in members]
     names = set().union(*(default_names(member) for member in members))
     while codes:
@@ -608,7 +679,9 @@ def render_only(model: Path, results: Path, work: Path, capsys) -> str:
     return capsys.readouterr().out
 
 
-def test_a_change_to_anything_the_skills_key_covers_makes_the_rows_stale(zoo_model, tmp_path, capsys, monkeypatch):
+def test_a_change_to_anything_the_skills_key_covers_makes_the_rows_stale(
+    zoo_model, tmp_path, capsys, monkeypatch
+):
     """Rows keyed now, then each input the key must cover changed on disk (every config file of a
     copy of the real tiny-omni-skills folder, skills.json, the tokenizer, a processor config
     added, one removed), a library version and a constant the measuring code reads: the rows and
@@ -624,7 +697,11 @@ def test_a_change_to_anything_the_skills_key_covers_makes_the_rows_stale(zoo_mod
     covered += ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]
     assert set(covered) <= set(identity["files"]) and "preprocessor_config.json" in identity["missing"]
     state = tw.skills_state()
-    rows = [skills_row("w4a16", a, s, task_scores(0.777), identity, state) for a in PLAN["arms"] for s in PLAN["seeds"]]
+    rows = [
+        skills_row("w4a16", a, s, task_scores(0.777), identity, state)
+        for a in PLAN["arms"]
+        for s in PLAN["seeds"]
+    ]
     results = tmp_path / "rows.json"
     stored(results, original_row(task_scores(0.888), identity, state), rows, identity)
     work = tmp_path / "work"
@@ -657,7 +734,9 @@ def test_a_change_to_anything_the_skills_key_covers_makes_the_rows_stale(zoo_mod
 
     version = importlib.metadata.version
     for library in ("numpy", "pillow"):
-        monkeypatch.setattr(importlib.metadata, "version", lambda n, _l=library: "0.0" if n == _l else version(n))
+        monkeypatch.setattr(
+            importlib.metadata, "version", lambda n, _l=library: "0.0" if n == _l else version(n)
+        )
         assert stale(), library
         monkeypatch.setattr(importlib.metadata, "version", version)
     monkeypatch.setattr(tw, "QUANTIZED", ("weight_packed",))  # what tensor_digests keeps
@@ -668,7 +747,9 @@ def test_a_change_to_anything_the_skills_key_covers_makes_the_rows_stale(zoo_mod
 
 
 @pytest.mark.slow
-def test_a_real_run_is_reused_while_its_inputs_stand_and_remeasured_after_a_config_change(zoo_model, tmp_path, capsys):
+def test_a_real_run_is_reused_while_its_inputs_stand_and_remeasured_after_a_config_change(
+    zoo_model, tmp_path, capsys
+):
     """The real measuring path on a copy of tiny-omni-skills (one quantize of 10 samples, one item
     a task: seconds): measured once, reused by a second invocation, measured again (run and
     original) once the folder's generation_config.json changes."""
