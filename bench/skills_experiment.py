@@ -240,11 +240,6 @@ def arm_families(arm: str, suite) -> set[str]:
     return {suite.TASKS_BY_NAME[arm.removeprefix(SINGLE)].family}
 
 
-def stratified_set(work: Path, size: int, seed: int) -> Path:
-    """Where the stratified set of a (size, seed) is built, once per invocation."""
-    return work / f"calib-{size}-{seed}"
-
-
 def arm_samples(arm: str, pool: Path, work: Path, size: int, seed: int, model: Path, built: set, suite=None):
     """The ``size`` calibration samples of ``arm`` and a label saying how they were drawn. The
     stratified set of a (size, seed) is built once per invocation (``built``) and shared by the
@@ -255,7 +250,7 @@ def arm_samples(arm: str, pool: Path, work: Path, size: int, seed: int, model: P
     from quantkit.synthetic import skills_tasks
 
     if arm == "stratified":
-        calib = stratified_set(work, size, seed)
+        calib = work / f"calib-{size}-{seed}"
         if (size, seed) not in built:
             options = CalibrateOptions(
                 size=size, seed=seed, model=model, allow_missing_tasks=True, force=True
@@ -394,7 +389,6 @@ MEASURING = (
     model_suite,
     write_pool,
     arm_families,
-    stratified_set,
     arm_samples,
     measuring_device,
     item_text,
@@ -428,34 +422,23 @@ def measured_row(
     model: Path,
     pool: Path,
     work: Path,
-    recipe: str,
-    arm: str,
-    size: int,
-    seed: int,
+    entry: tuple,
     items: int,
     settings: dict,
     identity: dict,
     state: dict,
     threads: int,
-) -> tuple[str, dict]:
-    """A worker's job: one run measured and made into its stored row (its provenance over the
-    quantkit files this process loaded)."""
+) -> dict:
+    """A worker's job: one run (``entry``: recipe, arm, size, seed; its stratified set built)
+    measured and made into its stored row (its provenance over the quantkit files this process
+    loaded)."""
     _in_worker(threads)
-    name = run_name(recipe, arm, size, seed)
+    recipe, arm, size, seed = entry
+    built = {(size, seed)}
     measured = measure_run(
-        model,
-        pool,
-        work,
-        recipe,
-        arm,
-        size,
-        seed,
-        items,
-        {(size, seed)},
-        model_suite(model),
-        settings["score_batch"],
+        model, pool, work, recipe, arm, size, seed, items, built, model_suite(model), settings["score_batch"]
     )
-    return name, run_row((recipe, arm, size, seed), measured, settings, identity, state)
+    return run_row(entry, measured, settings, identity, state)
 
 
 def scored_original(model: Path, identity: dict, state: dict, items: int, batch: int, threads: int) -> dict:
@@ -501,13 +484,13 @@ def measure_parallel(
             for entry in list(waiting):
                 if running >= args.workers:
                     return
-                recipe, arm, size, seed = entry
+                _, arm, size, seed = entry
                 if arm == "stratified" and (size, seed) not in built:
                     continue
                 waiting.remove(entry)
                 job = executor.submit(
-                    measured_row, args.model, pool, args.work, recipe, arm, size, seed, args.items,
-                    settings, identity, state, args.threads,
+                    measured_row, args.model, pool, args.work, entry, args.items, settings, identity, state,
+                    args.threads,
                 )  # fmt: skip
                 jobs[job] = ("run", run_name(*entry))
                 running += 1
@@ -536,7 +519,7 @@ def measure_parallel(
                     built.add(what[1:])
                     print(f"stratified set {what[1]}/{what[2]} built; {elapsed}", flush=True)
                 else:
-                    name, row = result
+                    name, row = what[1], result
                     data["runs"][name] = row
                     save(results, data)
                     print(

@@ -88,6 +88,9 @@ def check_target_counts(inputs: dict, targets: dict[str, torch.Tensor], model) -
             raise RuntimeError(f"{kind}: the processor made {count} tokens, the targets name {expected}")
 
 
+MEDIA_KINDS = ("image", "video", "audio")
+
+
 def surrogate_embeds(
     model, inputs: dict, targets: dict[str, torch.Tensor], noise: float = 0.0
 ) -> torch.Tensor:
@@ -105,9 +108,6 @@ def surrogate_embeds(
             ) * torch.randn_like(values)
         filled[kind] = values
     return with_media(model, inputs["input_ids"], filled)
-
-
-MEDIA_KINDS = ("image", "video", "audio")
 
 
 def with_media(model, ids: torch.Tensor, filled: dict[str, torch.Tensor]) -> torch.Tensor:
