@@ -534,3 +534,45 @@ def test_a_library_error_choosing_the_rows_fails_every_target_recorded(setup, tm
     for record in build["targets"]:
         assert record["status"] == "failed" and "RuntimeError: forward broke" in record["error"]
         assert "choosing the held-out rows" in record["error"] and "forward broke" in record["traceback"]
+
+
+def test_drift_limits_fail_a_candidate_unless_reported_then_the_gate_alone_decides(setup, tmp_path, monkeypatch):
+    """fp8-dynamic with drift limits no quantized model meets (KL at most 1e-12): by default its
+    candidate fails its checks and the target fails; with `--drift-limits report` the same breaches
+    are recorded (build.json, the card, the output), not judged, and the per-task gate keeps it.
+    The two modes are separate cache entries: a candidate passed with its limits reported is not
+    reused by a build that judges them."""
+    import shutil
+
+    from quantkit.recipes import registry
+
+    recipes = tmp_path / "recipes"
+    shutil.copytree(registry.RECIPES_DIR, recipes)
+    strict = yaml.safe_load((recipes / "fp8-dynamic.yaml").read_text())
+    strict["drift_thresholds"] = {"max_kl": 1e-12, "min_top1": 0.0, "min_cosine": -1.0}
+    (recipes / "fp8-dynamic.yaml").write_text(yaml.safe_dump(strict, sort_keys=False))
+    monkeypatch.setattr(registry, "RECIPES_DIR", recipes)
+    file = targets_file(tmp_path, target("strict", "fp8-dynamic"))
+    out = tmp_path / "out"
+
+    judged = build_checkpoints(setup["model"], out, ["strict"], calib=setup["calib"], targets_file=file, **OPTIONS)
+    (candidate,) = judged.checkpoints
+    assert not judged.passed and candidate.status == "failed"
+    assert any(r.startswith("drift: overall all: KL") for r in candidate.reasons), candidate.reasons
+    assert candidate.drift_reported == []
+
+    args = ["build", "--target", "strict", "--model", str(setup["model"]), "--calib", str(setup["calib"])]
+    args += ["--output-root", str(out), "--targets-file", str(file), *CLI_OPTIONS, "--drift-limits", "report"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "reported, not judged" in result.output
+    data = json.loads((out / "build.json").read_text())
+    assert data["drift_limits"]["mode"] == "report" and data["passed"]
+    (entry,) = data["checkpoints"]
+    assert entry["status"] == "passed" and not any(r.startswith("drift:") for r in entry["reasons"])
+    assert any(b.startswith("overall all: KL") for b in entry["drift_reported"]), entry
+    card = (Path(entry["checkpoint"]) / "README.md").read_text()
+    assert "reported and not judged" in card and "overall all: KL" in card
+
+    again = build_checkpoints(setup["model"], out, ["strict"], calib=setup["calib"], targets_file=file, **OPTIONS)
+    assert not again.passed and again.checkpoints[0].status == "failed"  # measured again, judged

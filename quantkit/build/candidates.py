@@ -34,6 +34,7 @@ _CACHED_FIELDS = (
     "text_scope_samples",
     "eval_scores",
     "intervals",
+    "drift_reported",
 )
 
 
@@ -101,6 +102,7 @@ class Candidates:
     vllm: bool
     force: bool
     gate: GateInputs
+    drift_limits: str  # DRIFT_LIMITS: "recipe" (a breach fails the candidate) or "report"
     record: BuildRecord
     on_checkpoint: object = None
     built: dict[str, CheckpointBuild] = field(default_factory=dict)
@@ -231,6 +233,7 @@ class Candidates:
             avg_bits=avg_bits,
             drift_samples=[self.drift_samples, self.gate.gate_items],  # which rows calibrate, which judge
             held_out=digest,
+            drift_limits=self.drift_limits,
         )
         entry = CheckpointBuild(
             [target], recipe.name, str(checkpoint), "error", key, avg_bits=avg_bits, held_out=digest
@@ -256,7 +259,7 @@ class Candidates:
     def _quantize_and_verify(self, entry: CheckpointBuild, recipe, checkpoint: Path, avg_bits: float | None):
         from quantkit.quantize import quantize
         from quantkit.verify import VLLM_ACCEPTED, verify_checkpoint
-        from quantkit.verify.drift import ANSWER_SCOPE
+        from quantkit.verify.drift import ANSWER_SCOPE, nonfinite_metrics
 
         started = time.perf_counter()
         verified = None
@@ -287,7 +290,9 @@ class Candidates:
                 drift_stratify_by="task",
                 drift_held_out=self.gate.held_out,
             )
-            entry.status = "passed" if verified.passed else "failed"
+            judged = self.drift_limits == "recipe"
+            passed = verified.passed if judged else verified.passed_apart_from_drift_limits
+            entry.status = "passed" if passed else "failed"
             entry.size_ratio = round(verified.audit.size_ratio, 4)
             entry.reasons = [f"audit: {c.name}: {c.detail}" for c in verified.audit.checks if not c.passed]
             if verified.drift is not None:
@@ -299,7 +304,12 @@ class Candidates:
                 entry.text_scope_samples = [
                     s.id for s in verified.drift.samples if s.loss_scope != ANSWER_SCOPE
                 ]
-                entry.reasons += [f"drift: {b}" for b in verified.drift.breaches]
+                nonfinite = set(nonfinite_metrics(verified.drift))
+                for breach in verified.drift.breaches:
+                    if judged or breach in nonfinite:
+                        entry.reasons.append(f"drift: {breach}")
+                    else:
+                        entry.drift_reported.append(breach)
             if verified.vllm is not None:
                 entry.vllm = verified.vllm.status
                 if verified.vllm.status not in VLLM_ACCEPTED:

@@ -6,15 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from quantkit.build.judge import budget_text, step_interval, worst_interval_text
-from quantkit.build.record import LOSS_DEFINITION, ORDER_RULE, TargetBuild
+from quantkit.build.record import DRIFT_LIMITS, LOSS_DEFINITION, ORDER_RULE, TargetBuild
 from quantkit.eval.gate import DECISION
 
 _CARD_START, _CARD_END = "<!-- quantkit:build:start -->", "<!-- quantkit:build:end -->"
 
 
-def card_section(checkpoint: str, targets: list[TargetBuild]) -> str:
+def card_section(checkpoint: str, targets: list[TargetBuild], drift_reported: list[str] = ()) -> str:
     """The card's build section: each target that kept this checkpoint (with its chain), and each
-    that tried it and went on (why)."""
+    that tried it and went on (why); the drift limits it broke without them being judged."""
     kept = [t for t in targets if t.checkpoint == checkpoint]
     verdict = "kept this checkpoint" if kept else "did not keep this checkpoint for any target"
     lines = [
@@ -64,6 +64,12 @@ def card_section(checkpoint: str, targets: list[TargetBuild]) -> str:
                     f"Not kept for target `{target.name}` (budget {budget_text(target)}): {step.detail}.",
                     "",
                 ]
+    if drift_reported:
+        lines += [
+            f"Drift limits broken, reported and not judged (`--drift-limits report`: "
+            f"{DRIFT_LIMITS['report']}): {'; '.join(drift_reported)}.",
+            "",
+        ]
     lines += ["The whole chain is in the build folder's `build.json`.", _CARD_END, ""]
     return "\n".join(lines)
 

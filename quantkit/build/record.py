@@ -42,6 +42,15 @@ ORDER_RULE = (
     "a layer does not divide, last, its record saying why), so the first that passes every task "
     "is the smallest that passes and the larger ones are not built"
 )
+
+DRIFT_LIMITS = {
+    "recipe": "a candidate whose next-token drift on the held-out rows breaks its recipe's "
+    "drift_thresholds (KL, top-1, cosine; per modality and task) fails its checks",
+    "report": "the drift limits' breaches are recorded (build.json's drift_reported, the summary) "
+    "and not judged: the per-task accuracy gate alone decides. For small models (a few hundred "
+    "million parameters), whose next-token KL exceeds limits set for large ones even where no "
+    "task loses accuracy; non-finite drift still fails",
+}
 LOSS_VERSION = "answer-accuracy-points-5"  # -5: every held-out row of a task, with an interval
 
 
@@ -67,6 +76,7 @@ class CheckpointBuild:
     traceback: str | None = None  # a library error's (not a QuantkitError), for build.json only
     held_out: str | None = None  # HeldOutChoice.digest(): the held-out rows its losses were measured on
     intervals: dict[str, dict] | None = None  # per task (eval tasks keyed "eval TASK"): gate.TaskInterval
+    drift_reported: list[str] = field(default_factory=list)  # drift limits breached, not judged (DRIFT_LIMITS)
 
     @property
     def ok(self) -> bool:
@@ -126,6 +136,7 @@ class BuildReport:
     model_hash: str | None = None  # model_fingerprint: what "the same model" means across runs
     warnings: list[str] = field(default_factory=list)  # what the build could not do (a card not rewritten)
     held_out: dict | None = None  # drift.HeldOutChoice.to_dict(): the rows every candidate is judged on
+    drift_limits: str = "recipe"  # DRIFT_LIMITS
 
     @property
     def complete(self) -> bool:
@@ -153,6 +164,7 @@ class BuildReport:
             "eval_original": self.eval_original,
             "warnings": self.warnings,
             "held_out": self.held_out,
+            "drift_limits": {"mode": self.drift_limits, "meaning": DRIFT_LIMITS[self.drift_limits]},
             "targets": [asdict(t) for t in self.targets],
             "checkpoints": [asdict(c) for c in self.checkpoints],
         }
@@ -178,6 +190,7 @@ def build_key(
     avg_bits: float | None = None,
     drift_samples: int | None = None,
     held_out: str | None = None,
+    drift_limits: str = "recipe",
 ) -> str:
     """What makes a candidate "the same": model, calibration data, recipe, avg bits, options,
     version, and ``held_out`` (HeldOutChoice.digest(): the rows its losses are measured on)."""
@@ -194,6 +207,8 @@ def build_key(
         "quantkit": __version__,
         "loss": LOSS_VERSION,  # losses cached under another definition are measured again
     }
+    if drift_limits != "recipe":  # a candidate passed with its limits reported has not met them
+        payload["drift_limits"] = drift_limits
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -357,6 +372,13 @@ class BuildRecord:
             else:
                 merged.append(earlier)
         return [*merged, *now.values()]
+
+    def drift_reported(self, folder: str) -> list[str]:
+        """The drift limits a candidate broke without them being judged (DRIFT_LIMITS "report")."""
+        for entry in self.report.checkpoints:
+            if entry.checkpoint == folder:
+                return entry.drift_reported
+        return self.previous.get(folder, {}).get("drift_reported") or []
 
     def candidate_folders(self) -> list[str]:
         """Every candidate folder build.json records that passed its checks: this run's, and the

@@ -21,7 +21,14 @@ from quantkit.build.candidates import Candidates, check_reachable
 from quantkit.build.card import card_section, update_card
 from quantkit.build.hardware import load_targets
 from quantkit.build.heldout import GateInputs, resolve_eval_tasks
-from quantkit.build.record import BuildRecord, BuildReport, TargetBuild, TargetFailed, library_failure
+from quantkit.build.record import (
+    DRIFT_LIMITS,
+    BuildRecord,
+    BuildReport,
+    TargetBuild,
+    TargetFailed,
+    library_failure,
+)
 from quantkit.errors import InputError, QuantkitError
 from quantkit.eval.gate import in_loss_range
 from quantkit.fsutil import check_writable, refuse_overlap
@@ -43,6 +50,7 @@ def build_checkpoints(
     eval_tasks: list[str] | None = None,
     gate_items: int | None = None,
     accept_unresolved: bool = False,
+    drift_limits: str = "recipe",
     on_checkpoint=None,
     on_target=None,
     on_warning=None,
@@ -64,12 +72,15 @@ def build_checkpoints(
 
     Without ``num_samples``, a stratified share of the set (``drift_samples``, by default and at
     most a quarter of it) is held out of calibration so that the gate has samples it did not see.
+    ``drift_limits``: a key of DRIFT_LIMITS (whether the recipes' drift limits fail a candidate).
     """
     from quantkit.models.adapters import adapter_for
     from quantkit.models.samples import open_set
 
     model_dir, output_root = Path(model_dir), Path(output_root)
     _check_options(model_dir, output_root, target_names, calib, max_loss, gate_items, drift_samples, vllm)
+    if drift_limits not in DRIFT_LIMITS:
+        raise InputError(f"drift limits {drift_limits!r}: use one of {', '.join(DRIFT_LIMITS)}")
     table = load_targets(targets_file)
     chosen = [table.get(name) for name in dict.fromkeys(target_names)]
     eval_names = resolve_eval_tasks(model_dir, eval_tasks)
@@ -82,6 +93,7 @@ def build_checkpoints(
     samples = _draw(opened, num_samples, drift_samples)
     record.report.eval_tasks = eval_names
     record.report.requested = [target.name for target in chosen]
+    record.report.drift_limits = drift_limits
     gate = GateInputs(
         model_dir,
         calib,
@@ -119,6 +131,7 @@ def build_checkpoints(
         vllm=vllm,
         force=force,
         gate=gate,
+        drift_limits=drift_limits,
         record=record,
         on_checkpoint=on_checkpoint,
     )
@@ -183,7 +196,7 @@ def _update_cards(record: BuildRecord) -> None:
     for folder in record.candidate_folders():
         if (Path(folder) / "config.json").is_file():
             try:
-                update_card(Path(folder), card_section(folder, targets))
+                update_card(Path(folder), card_section(folder, targets, record.drift_reported(folder)))
             except QuantkitError as error:  # one card not rewritten: said, the others still are
                 record.report.warnings.append(f"{folder}: model card not updated: {error}")
             except OSError:  # a disk that fails or fills up: exit 1 (quantkit/cli/_common.py)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -10,7 +11,7 @@ from rich.table import Table
 
 from quantkit.build.heldout import DEFAULT_EVAL_ITEMS
 from quantkit.build.judge import below_floor_note, budget_text, step_interval
-from quantkit.build.record import LOSS_DEFINITION
+from quantkit.build.record import DRIFT_LIMITS, LOSS_DEFINITION
 from quantkit.cli._common import Force, console
 from quantkit.errors import CheckFailed
 from quantkit.eval.gate import DECISION
@@ -47,6 +48,14 @@ GateItems = Annotated[
         help="Items per task the gate judges on: at most this many held-out rows of the set "
         f"(default: all of them), and this many items of each --eval-tasks task (default "
         f"{DEFAULT_EVAL_ITEMS}).",
+    ),
+]
+DriftLimitsMode = StrEnum("DriftLimitsMode", {name: name for name in DRIFT_LIMITS})
+DriftLimits = Annotated[
+    DriftLimitsMode,
+    typer.Option(
+        "--drift-limits",
+        help="recipe: " + DRIFT_LIMITS["recipe"] + ". report: " + DRIFT_LIMITS["report"] + ".",
     ),
 ]
 AcceptUnresolved = Annotated[
@@ -105,6 +114,7 @@ def build(
     eval_tasks: EvalTasks = None,
     gate_items: GateItems = None,
     accept_unresolved: AcceptUnresolved = False,
+    drift_limits: DriftLimits = DriftLimitsMode.recipe,
     targets_file: Annotated[
         Path | None, typer.Option(help="Your own targets file (default: recipes/targets.yaml).")
     ] = None,
@@ -149,6 +159,11 @@ def build(
         console.print(f"[bold]{', '.join(entry.targets)}[/] -> {entry.checkpoint}: {entry.status}")
         for reason in entry.reasons:
             console.print(f"  [red]{reason}[/]")
+        if entry.drift_reported:  # verify's report above lists them
+            console.print(
+                f"  [yellow]{len(entry.drift_reported)} drift limit breach(es) reported, not judged "
+                "(--drift-limits report)[/]"
+            )
 
     def show_target(built) -> None:
         if not built.ok or len(built.chain) > 1 or any(s.size_unknown for s in built.chain):
@@ -167,6 +182,7 @@ def build(
         eval_tasks=split_tasks(eval_tasks) if eval_tasks else None,
         gate_items=gate_items,
         accept_unresolved=accept_unresolved,
+        drift_limits=drift_limits.value,
         targets_file=targets_file,
         on_checkpoint=show,
         on_target=show_target,
@@ -244,6 +260,8 @@ def print_build_summary(report) -> None:
     for task in (report.held_out or {}).get("below_floor", []):
         accuracy = max(r["original_accuracy"] for r in report.held_out["rows"] if r["task"] == task)
         console.print(f"[yellow]{below_floor_note(task, accuracy)}[/]")
+    if report.drift_limits != "recipe":
+        console.print(f"[yellow]--drift-limits {report.drift_limits}: {DRIFT_LIMITS[report.drift_limits]}[/]")
     for warning in report.warnings:
         console.print(f"[yellow]warning: {warning}[/]")
     console.print(f"build.json in {report.output_root}")

@@ -12,7 +12,7 @@ from quantkit.errors import InputError
 from quantkit.fsutil import check_writable, refuse_overlap, write_file_atomic
 from quantkit.modelfiles import check_model_folder
 from quantkit.verify.audit import FILES_CHECK, AuditResult, audit_checkpoint
-from quantkit.verify.drift import DriftReport, DriftThresholds, measure_drift
+from quantkit.verify.drift import DriftReport, DriftThresholds, measure_drift, nonfinite_metrics
 from quantkit.verify.serve import ServeCheck, check_port, check_served, serve_python
 from quantkit.verify.vllm_check import VllmCheck, check_with_vllm, require_vllm_python
 
@@ -50,9 +50,15 @@ class VerifyReport:
     def passed(self) -> bool:
         """Everything that ran passed; a vLLM check skipped for a missing kernel is not a failure,
         one that could not run at all (no vLLM environment: "unavailable") is."""
+        return self.passed_apart_from_drift_limits and (self.drift is None or self.drift.passed)
+
+    @property
+    def passed_apart_from_drift_limits(self) -> bool:
+        """As ``passed``, with the drift limits' breaches not judged (``quantkit build
+        --drift-limits report``); non-finite drift metrics still fail."""
         return (
             self.audit.passed
-            and (self.drift is None or self.drift.passed)
+            and (self.drift is None or not nonfinite_metrics(self.drift))
             and (self.vllm is None or self.vllm.status in VLLM_ACCEPTED)
             and (self.serve is None or self.serve.status in VLLM_ACCEPTED)
         )
