@@ -284,6 +284,12 @@ def measuring_device() -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
+def other_device_rows(data: dict, device: str) -> list[str]:
+    """The devices other than ``device`` that stored rows were measured on (sorted)."""
+    rows = [*data["original"].values(), *data["runs"].values()]
+    return sorted({row.get("device", "cpu") for row in rows} - {device})
+
+
 def item_text(values: list[float]) -> str:
     """Per-item scores as one string (6 significant digits, space separated): a few hundred items
     x tasks x runs stay a line per task in the results file, not a line per item."""
@@ -1015,6 +1021,14 @@ def main(argv: list[str] | None = None) -> None:
         for arm in arms
     ]
     print(f"model {identity['hash']} (record {identity['record']}); code git {state['commit']}", flush=True)
+    if not args.render_only:
+        other = other_device_rows(data, measuring_device())
+        if other:
+            parser.error(
+                f"{results} holds rows measured on {', '.join(other)}, not here: runs and the original "
+                "are keyed without the device, so rows from two machines would be paired; pass another "
+                "--results"
+            )
     if not args.render_only and args.workers > 1:
         name = original_name(identity, args.items)
         row = data["original"].get(name)

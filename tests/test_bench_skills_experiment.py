@@ -367,6 +367,27 @@ def test_model_identity_follows_the_weights_tokenizer_configs_and_skills_manifes
     assert first["record"] == record
 
 
+def test_measuring_into_a_file_of_another_machines_rows_is_refused(tmp_path, capsys):
+    """Runs and the original are keyed without the device: a CPU run added to the H200's rows
+    would be paired with the H200's original (whose scores differ: 0.865 against 0.88 on
+    smol's ocr_digits). Measuring is refused before anything runs; rendering still works."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights")
+    (model / "skills.json").write_text(json.dumps({"suite": "tiny-omni-skills"}))
+    row = fake_row("w4a16", "stratified", 32, 0, {}, identity=se.model_identity(model))
+    row["device"] = "NVIDIA H200"
+    results = tmp_path / "rows.json"
+    results.write_text(json.dumps({"original": {}, "runs": {se.run_name("w4a16", "stratified", 32, 0): row}}))
+    argv = ["--model", str(model), "--results", str(results), "--work", str(tmp_path / "work")]
+    with pytest.raises(SystemExit) as raised:
+        se.main([*argv, "--recipes", "w4a16", "--sizes", "32", "--seeds", "0"])
+    assert raised.value.code == 2
+    assert "holds rows measured on NVIDIA H200" in capsys.readouterr().err
+    assert not (tmp_path / "work").exists()
+    se.main([*argv, "--render-only"])
+
+
 def test_render_only_writes_the_section_and_marks_rows_of_another_model_stale(tmp_path, capsys):
     model = tmp_path / "model"
     model.mkdir()
