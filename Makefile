@@ -71,7 +71,7 @@ demo: envs
 		--tasks skills --limit 64 --max-loss 3
 
 # The gate on real weights: smol-omni-skills (SmolLM2-135M-Instruct's weights, trained towers;
-# about 9 min on 2 cores). The shipped rtx50 target calibrates nvfp4 first, which loses nearly
+# about 11 min on 2 cores). The shipped rtx50 target calibrates nvfp4 first, which loses nearly
 # all of ocr_table's score, and so does nvfp4-a16: a 15% budget rejects both beyond their
 # intervals and keeps the fp8-dynamic fallback (docs/eval.md: what each recipe loses). A 135M
 # model breaks the recipes' drift limits even in fp8: --drift-limits report lets the gate decide.
