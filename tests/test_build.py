@@ -654,6 +654,13 @@ def test_unresolved_counts_as_failed_unless_accepted_and_then_warns():
     accepted = judge(entry, 1.5, {}, {"ocr"}, accept_unresolved=True)
     assert accepted.verdict == "kept" and accepted.accepted_unresolved == ["ocr"]
     assert accepted.detail.startswith("kept with --accept-unresolved")
+    from quantkit.build.record import TargetBuild
+    from quantkit.cli.build import target_status
+
+    # The summary's status says so even where the worst task shown passed.
+    assert target_status(TargetBuild("t", 1.5, "passed", "/ckpt", chain=[accepted])) == (
+        "passed, 1 unresolved accepted"
+    )
     entry.intervals["ocr"]["n"] = 3  # under MIN_ITEMS: unresolved whatever its interval
     few = judge(entry, 1.5, {}, {"ocr"})
     assert (
