@@ -237,13 +237,13 @@ def print_build_summary(report) -> None:
     for t in report.targets:
         kept = next((s for s in t.chain if s.verdict == "kept"), None)
         shown = kept or (t.chain[-1] if t.chain else None)
-        accepted = kept.accepted_unresolved if kept else []
-        colour = "red" if not t.ok else "yellow" if accepted else "green"
+        status = target_status(t)
+        colour = "red" if not t.ok else "green" if status == t.status else "yellow"
         worst = (shown.tasks.get(shown.worst_task or "") or {}) if shown else {}
         targets.add_row(
             t.name,
             budget_text(t),
-            f"[{colour}]{target_status(t)}[/]",
+            f"[{colour}]{status}[/]",
             recipe_label(kept.recipe, kept.avg_bits) if kept else "-",
             (shown.worst_task or "-") if shown else "-",
             step_interval(shown) if shown else "-",
