@@ -50,7 +50,8 @@ REAL = ("Qwen2.5-Omni-7B", "Qwen3-Omni-30B-A3B", "Qwen3-VL-8B", "Qwen2.5-VL-72B"
 
 def dry_run_args(name: str, work: Path) -> list[str]:
     folder, output = ROOT / "bench" / "configs" / name, work / name
-    options = ["--recipe", "fp8-dynamic", "-o", str(output), "--dry-run"]
+    # --force: each repeat writes the same OUTPUT.plan.json, which a dry run otherwise refuses to replace
+    options = ["--recipe", "fp8-dynamic", "-o", str(output), "--dry-run", "--force"]
     return ["-m", "quantkit", "quantize", str(folder), *options]
 
 
