@@ -101,6 +101,19 @@ def test_gpu_bench_skips_without_cuda():
     assert "skipped" in proc.stdout and "CUDA" in proc.stdout
 
 
+def test_startup_bench_repeats_each_command(tmp_path):
+    """Every command runs at least twice (a warm-up, then the counted runs): a dry run that refused
+    to replace the plan its warm-up wrote stopped `make bench` here."""
+    out = tmp_path / "startup.json"
+    proc = run_script(str(BENCH / "startup.py"), "--quick", "--json", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {row["command"]: row for row in json.loads(out.read_text(encoding="utf-8"))["rows"]}
+    dry_runs = [name for name in rows if name.startswith("quantize --dry-run")]
+    assert len(dry_runs) == 2  # with the bytecode cache and without
+    assert all(rows[name]["cpu_s"] > 0 for name in dry_runs)
+    assert "torch" in rows[dry_runs[0]]["imports"] and rows["quantkit --help"]["imports"] == []
+
+
 def test_gpu_bench_renders_prompts_without_vllm(zoo_model):
     model = zoo_model("tiny-qwen3-vl")
     proc = run_script(str(BENCH / "gpu_vllm.py"), "--bf16", str(model), "--plan-only", timeout=120)
