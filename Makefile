@@ -140,16 +140,18 @@ bench-memory: install
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/memory_plan.py all --readme docs/commands/quantize.md
 
 # The per-task experiments on tiny-omni-skills (issues 17, 18 and 35; not in `make bench`):
-# calibration data (stratified, uniform, text only, captions only, each task's records alone) x
-# w4a16 / w8a8-sq-gptq / fp8 x 32 and 128 samples x seeds 0-2 (252 quantize + eval runs), then plain
-# vs token-weighted GPTQ vs imatrix. Rows are kept in bench/skills_experiment.json and
+# calibration data (stratified, uniform, text only, captions only) x w4a16 / w8a8-sq-gptq / fp8 x
+# 32 and 128 samples x seeds 0-2 (72 quantize + eval runs), then plain vs token-weighted GPTQ vs
+# imatrix. No single-task arms here: tiny-omni-skills loses nothing to any recipe, so 180 more runs
+# would show nothing; bench-skills-smol runs them on the model that loses. Rows are kept in bench/skills_experiment.json and
 # bench/token_weights_skills.json, keyed by the model and the code: a second run with nothing
 # changed measures nothing.
 SKILLS_MODEL := $(BENCH_WORK)/tiny-omni-skills
 bench-skills: install
 	$(BIN)/quantkit zoo build tiny-omni-skills --output $(SKILLS_MODEL) --force
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/skills_experiment.py --model $(SKILLS_MODEL) --work $(BENCH_WORK)/skills-exp \
-		--recipes w4a16,w8a8-sq-gptq,fp8 --sizes 32,128 --seeds 0,1,2 --items 24 --write-results bench/RESULTS.md
+		--recipes w4a16,w8a8-sq-gptq,fp8 --sizes 32,128 --seeds 0,1,2 --items 24 \
+		--arms stratified,uniform,text-only,captions-only --write-results bench/RESULTS.md
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/token_weights_experiment.py --model $(SKILLS_MODEL) --work $(BENCH_WORK)/tw-skills \
 		--settings w4a16,w4a16-sym-10 --seeds 0,1,2 --items 24 --write-results bench/RESULTS.md
 
