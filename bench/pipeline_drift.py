@@ -830,8 +830,17 @@ def main(argv: list[str] | None = None) -> None:
         name, recipe = args.noise.split("/")
         key = pair_name(name, recipe, noise=True)
         if not current(data["noise"].get(key), state, base_hash):
+            pair = data["pairs"].get(pair_name(name, recipe))
+            if not current(pair, state, base_hash) or "refused" in pair:
+                print(
+                    f"--noise {args.noise}: no pair measured at this code to reseed; run without --noise first",
+                    file=sys.stderr,
+                )
+                raise SystemExit(2)
             files = set()
-            row = measure_noise(args.work, base_hash, state["commit"], name, recipe, files)
+            # the pair's checkpoints are where the commit that measured it wrote them (a later commit
+            # with the same key, such as one that only touched docs, reuses the pair, not re-measures it)
+            row = measure_noise(args.work, base_hash, pair["new_commit"], name, recipe, files)
             row["provenance"] = pair_key(key, pair_spec(name, recipe, base_hash), state, sorted(files))
             data["noise"][key] = row
             write_json(args.pairs, data, sort_keys=True)
