@@ -112,7 +112,7 @@ test: envs
 # versions) and the commit: a run is reused only while its key matches, so a change to the
 # quantize path re-measures it; RESULTS.md leaves a stale row's figures out.
 # GPU serving speed: bench/gpu_vllm.py. The mixed-precision comparison: make bench-real.
-# The memory plan against measured peaks (bench/memory_plan.py, ~2.5 min): make bench-memory.
+# The memory plan against measured peaks (bench/memory_plan.py): make bench-memory.
 # bench/startup.py (~5 min): CPU time of --help and of quantize --dry-run on the real configs.
 BENCH_WORK ?= /tmp/quantkit-bench
 BENCH_CORE := rtn-g64,quantkit-w4a16,quantkit-fp8-dynamic,quantkit-fp8,quantkit-w8a8-sq-gptq
@@ -131,9 +131,9 @@ bench-real: install jargon-text
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/mixed_precision.py --work $(BENCH_WORK) \
 		--results bench/real_weights.json --write-results bench/RESULTS.md
 
-# The memory plan (bench/memory_plan.py, not in `make bench`: 2.3 min on 2 cores at 69206c7): the measured peak
-# host memory of w4a16 on tiny thinkers with 2, 4 and 8 decoder layers against the plan, and the plans
-# of the real configs in bench/configs. Stores both parts in bench/memory_plan.json, re-renders the
+# The memory plan (bench/memory_plan.py, not in `make bench`: 2.3 min on 2 cores at 69206c7): the
+# measured peak host memory of w4a16 on tiny thinkers with 2, 4 and 8 decoder layers against the
+# plan, and the plans of the real configs in bench/configs. Stores both parts in bench/memory_plan.json, re-renders the
 # Memory plan section of bench/RESULTS.md and the memory-plan table of docs/commands/quantize.md from it.
 # `$(BIN)/python bench/memory_plan.py render --readme docs/commands/quantize.md` re-renders without measuring.
 bench-memory: install
@@ -143,9 +143,9 @@ bench-memory: install
 # calibration data (stratified, uniform, text only, captions only) x w4a16 / w8a8-sq-gptq / fp8 x
 # 32 and 128 samples x seeds 0-2 (72 quantize + eval runs), then plain vs token-weighted GPTQ vs
 # imatrix. No single-task arms here: tiny-omni-skills loses nothing to any recipe, so 180 more runs
-# would show nothing; bench-skills-smol runs them on the model that loses. Rows are kept in bench/skills_experiment.json and
-# bench/token_weights_skills.json, keyed by the model and the code: a second run with nothing
-# changed measures nothing.
+# would show nothing; bench-skills-smol runs them on the model that loses. Rows are kept in
+# bench/skills_experiment.json and bench/token_weights_skills.json, keyed by the model and the
+# code: a second run with nothing changed measures nothing.
 SKILLS_MODEL := $(BENCH_WORK)/tiny-omni-skills
 bench-skills: install
 	$(BIN)/quantkit zoo build tiny-omni-skills --output $(SKILLS_MODEL) --force
