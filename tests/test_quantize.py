@@ -573,6 +573,36 @@ def test_kv_cache_fp8_quantizes_only_language_model_attention(zoo_model, media, 
 
 
 @pytest.mark.slow
+def test_a_whole_omni_model_is_written_back_in_its_own_layout(zoo_model, media, tmp_path):
+    """An upstream Qwen2.5-Omni checkpoint is the whole model (thinker under "thinker."): its
+    quantized checkpoint has each name once under "thinker.", never "thinker.thinker." (transformers
+    saves a model loaded with a key mapping under the mapped-back names), and passes the audit."""
+    from quantkit.export.serving import write_serving_layout
+    from quantkit.verify.audit import audit_checkpoint
+
+    name = "tiny-qwen2.5-omni"
+    whole = tmp_path / "whole"
+    shutil.copytree(zoo_model(name), whole)
+    write_serving_layout(whole, adapter_for(whole).serving)
+    assert adapter_for(whole).is_wrapped(whole)
+    samples, labels = calibration_samples(name, media)
+    result = quantize(
+        whole,
+        tmp_path / "q",
+        get_recipe("fp8-dynamic"),
+        samples[:4],
+        sample_labels=labels[:4],
+        progress=False,
+    )
+    keys = list(saved_tensor_dtypes(result.output))
+    assert all(k.startswith("thinker.") and not k.startswith("thinker.thinker.") for k in keys), keys[:3]
+    qconfig = json.loads((result.output / "config.json").read_text())["quantization_config"]
+    assert not [entry for entry in qconfig["ignore"] if "thinker.thinker" in entry]
+    audit = audit_checkpoint(result.output)
+    assert audit.passed, [c for c in audit.checks if not c.passed]
+
+
+@pytest.mark.slow
 def test_second_recipe_reuses_processed_features(zoo_model, media, tmp_path):
     name = "tiny-qwen3-vl"
     samples, labels = calibration_samples(name, media)

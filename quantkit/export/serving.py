@@ -4,10 +4,23 @@ the whole model's config (``thinker_config`` inside), weights and ignore entries
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from quantkit.modelfiles import INDEX_FILE
 from quantkit.models.adapters import ServingLayout, prefix_pattern
+
+
+def _under(name: str, prefix: str) -> str:
+    """``name`` under ``prefix``, once: a thinker loaded from the whole model (an upstream
+    checkpoint) is saved by transformers under its names there, prefix included."""
+    return name if name.startswith(prefix) else prefix + name
+
+
+def _under_pattern(pattern: str, prefix: str) -> str:
+    if pattern.startswith((prefix, "re:^" + re.escape(prefix))):
+        return pattern
+    return prefix_pattern(pattern, prefix)
 
 
 def _rename_tensors(directory: Path, prefix: str) -> None:
@@ -18,12 +31,12 @@ def _rename_tensors(directory: Path, prefix: str) -> None:
     for shard in sorted(directory.glob("*.safetensors")):
         with safe_open(str(shard), framework="pt") as handle:
             metadata = handle.metadata() or {"format": "pt"}
-            tensors = {prefix + key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
+            tensors = {_under(key, prefix): handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
         save_file(tensors, str(shard), metadata=metadata)
     index = directory / INDEX_FILE
     if index.is_file():
         data = json.loads(index.read_text(encoding="utf-8"))
-        data["weight_map"] = {prefix + key: file for key, file in data["weight_map"].items()}
+        data["weight_map"] = {_under(key, prefix): file for key, file in data["weight_map"].items()}
         index.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
@@ -40,9 +53,9 @@ def write_serving_layout(directory: Path, layout: ServingLayout) -> None:
     whole["architectures"] = [layout.architecture]
     whole["dtype"] = inner.get("dtype", whole.get("dtype"))
     if quantization is not None:
-        quantization["ignore"] = [prefix_pattern(p, layout.prefix) for p in quantization.get("ignore") or []]
+        quantization["ignore"] = [_under_pattern(p, layout.prefix) for p in quantization.get("ignore") or []]
         for group in (quantization.get("config_groups") or {}).values():
-            group["targets"] = [prefix_pattern(t, layout.prefix) for t in group.get("targets") or []]
+            group["targets"] = [_under_pattern(t, layout.prefix) for t in group.get("targets") or []]
         whole["quantization_config"] = quantization
     _rename_tensors(directory, layout.prefix)
     config_path.write_text(json.dumps(whole, indent=2, sort_keys=True) + "\n", encoding="utf-8")
