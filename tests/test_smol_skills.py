@@ -133,9 +133,15 @@ def test_items_are_reproducible_and_answers_exact():
         del rows[1]  # the Markdown rule line
         assert read.split("\n") == [" |".join(row) for row in rows]
     for item in smol_tasks.make_items("grounding", 20, seed=1):
-        box = json.loads(item.answer)  # grid cells: objects on rows 1-4, columns 0-8, end exclusive
-        assert 0 <= box[0] < box[2] <= smol_tasks.OBJECT_COLUMNS and 1 <= box[1] < box[3] <= smol_tasks.SCENE_ROWS
-        assert [str(v) for v in box] in [item.targets[0][2:6], item.targets[0][8:12]]  # read out on row 0
+        shape, _, box = item.answer.removeprefix("the ").partition(" ")
+        assert item.prompt.startswith(f"Where is the {shape}?")
+        box = json.loads(box)  # grid cells: objects on rows 1-4, columns 0-8, end exclusive
+        assert (
+            0 <= box[0] < box[2] <= smol_tasks.OBJECT_COLUMNS
+            and 1 <= box[1] < box[3] <= smol_tasks.SCENE_ROWS
+        )
+        slot = smol_tasks.SLOT * smol_tasks.SHAPES.index(shape)  # read out on row 0, in its shape's slot
+        assert item.targets[0][slot + 1 : slot + 6] == ["Ġ" + shape, *(str(v) for v in box)]
 
 
 def test_joint_stage_needs_the_towers_and_lm_stages_first(tmp_path):
@@ -169,9 +175,19 @@ def test_zoo_build_restores_smollm2_plus_the_committed_deltas(grafted, tmp_path)
     assert smol_skills.WEIGHTS.exists() and smol_skills.RECORD.exists(), "the deltas are committed"
     out = build_zoo_model("smol-omni-skills", tmp_path / "smol")
     assert json.loads((out / "skills.json").read_text())["suite"] == "smol-omni-skills"
+    # The whole Omni model's layout, as vLLM serves it: the thinker's weights under "thinker."
+    assert json.loads((out / "config.json").read_text())["architectures"] == [
+        "Qwen2_5OmniForConditionalGeneration"
+    ]
     built = {}
     for shard in sorted(out.glob("*.safetensors")):
-        built.update(load_file(str(shard)))
+        built.update(
+            {
+                k.removeprefix("thinker."): v
+                for k, v in load_file(str(shard)).items()
+                if k.startswith("thinker.")
+            }
+        )
     smol = smol_model.smol_state(grafted[2])
     adapted = set(smol_model.LORA_LAYERS)
     for i in range(30):

@@ -31,7 +31,9 @@ from pathlib import Path
 import torch
 
 from quantkit.errors import InputError
+from quantkit.export.serving import write_serving_layout
 from quantkit.fsutil import atomic_output_dir, cache_root
+from quantkit.models.adapters import adapter_for
 from quantkit.synthetic import EVAL_SEED, smol_tasks
 from quantkit.synthetic.skills_tasks import processor_inputs, skills_manifest
 from quantkit.synthetic.smol_tasks import BLANK, TASKS, Item, make_items
@@ -513,6 +515,10 @@ def build_smol_model(
     with atomic_output_dir(Path(output), force=force) as staging:
         model.save_pretrained(staging)
         processor.save_pretrained(staging)
+        # The whole-model layout a real Qwen2.5-Omni checkpoint has (weights under ``thinker.``):
+        # vLLM serves it; the bare thinker folder it refuses (its processor lacks what vLLM asks
+        # of a thinker). quantkit reads either.
+        write_serving_layout(staging, adapter_for(staging).serving)
         write_skills_file(staging)
     return Path(output)
 
