@@ -72,8 +72,10 @@ demo: envs
 
 # The gate on real weights: smol-omni-skills (SmolLM2-135M-Instruct's weights, trained towers;
 # about 11 min on 2 cores). The shipped rtx50 target calibrates nvfp4 first, which loses nearly
-# all of ocr_table's score, and so does nvfp4-a16: a 15% budget rejects both beyond their
-# intervals and keeps the fp8-dynamic fallback (docs/eval.md: what each recipe loses). A 135M
+# all of ocr_table's score, and so does nvfp4-a16: a 25% budget rejects both beyond their
+# intervals and keeps the fp8-dynamic fallback (docs/eval.md: what each recipe loses). 25, not 15:
+# on 40 items fp8-dynamic's ocr_table loss (5.6%) has an interval reaching 16 ([-5.7, 16.2]),
+# unresolved under 15, and nvfp4-a16's lies far above either (69 [54, 84]). A 135M
 # model breaks the recipes' drift limits even in fp8: --drift-limits report lets the gate decide.
 DEMO_REAL ?= demo-real-out
 SMOL := $(DEMO_REAL)/models/smol-omni-skills
@@ -84,7 +86,7 @@ demo-real: envs
 	$(BIN)/quantkit calibrate $(DEMO_REAL)/pool/pool.jsonl --output $(DEMO_REAL)/calib --size 120 --model $(SMOL) \
 		--allow-missing-tasks
 	COLUMNS=160 $(BIN)/quantkit build --target rtx50 --model $(SMOL) --calib $(DEMO_REAL)/calib --num-samples 32 \
-		--eval-tasks ocr_table --gate-items 40 --max-loss 15 --drift-limits report --output-root $(DEMO_REAL)/checkpoints
+		--eval-tasks ocr_table --gate-items 40 --max-loss 25 --drift-limits report --output-root $(DEMO_REAL)/checkpoints
 
 # Your own model, locally, the same as .github/workflows/checkpoints.yml does per target:
 #   make checkpoints MODEL=models/my-omni POOL=data/train.jsonl TARGETS="h20 rtx4090"

@@ -17,7 +17,10 @@ from quantkit.build import build_checkpoints, load_targets
 from quantkit.calibset import CalibrateOptions, build_calibration_set
 
 pytestmark = pytest.mark.slow
-TIGHT = 15.0  # the budget the real loss must break (percent of ocr_table's score, drift points)
+# The budget the real loss must break (percent of ocr_table's score, drift points): nvfp4-a16 loses
+# about 70 [54, 84] there; fp8-dynamic about 5 with an interval reaching 16 on 32-40 items, so a
+# budget of 15 left it unresolved on some machines (threads change which items flip).
+TIGHT = 25.0
 OPTIONS = {
     "num_samples": 32,
     "eval_tasks": ["ocr_table"],
