@@ -1,5 +1,6 @@
-"""Issue 18: plain GPTQ vs token-weighted GPTQ vs llmcompressor's imatrix observer on
-tiny-omni-skills, the same calibration samples per seed, per-task accuracy over several seeds.
+"""Issues 18 and 35: plain GPTQ vs token-weighted GPTQ vs llmcompressor's imatrix observer on a
+skills model (tiny-omni-skills, or smol-omni-skills: SmolLM2-135M's real weights, the suite its
+skills.json names), the same calibration samples per seed, per-task accuracy over seeds.
 
 Arms (``ARMS``) are variants of one recipe, each naming its weight observer (the shipped w4a16
 picks imatrix_mse, so no arm leaves it to the recipe): ``plain`` (plain GPTQ: ``weight_observer:
@@ -12,13 +13,23 @@ shipped, and a harsher one vLLM still serves (symmetric int4, no zero points, 10
 fewest that cover the pool's 10 strata). Every arm of a setting and seed calibrates on the same
 drawn samples (the stratified set of bench/skills_experiment.py's pool, with its task labels), then
 is scored with ``quantkit.eval.skills.score_model`` on the same held-out items as the original
-(paired). A task is judged only where the original's score clears the task's chance level (the
-best score of an answer that ignores the input, derived from quantkit/synthetic/skills_tasks.py's task
-definitions: ``chance_level``) by ``JUDGED_SD`` binomial standard errors over the held-out items
-and by at least ``JUDGED_ITEMS`` items (see ``judged_tasks``).
+(paired: each row keeps its per-item scores). An arm differs from plain, and loses against the
+original, where the gate's paired bootstrap 95% interval on the same items (each item's score
+averaged over the arm's seeds) excludes 0. A task is judged only where the original's score clears
+the task's chance level (the best score of an answer that ignores the input: derived from
+quantkit/synthetic/skills_tasks.py's task definitions for tiny-omni-skills, estimated from
+``CHANCE_DRAWS`` answers the generator draws for another suite: ``chance_level``) by ``JUDGED_SD``
+binomial standard errors over the held-out items and by at least ``JUDGED_ITEMS`` items (see
+``judged_tasks``).
 
     python bench/token_weights_experiment.py --model DIR --work /tmp/tw-exp \
         --settings w4a16,w4a16-sym-10 --seeds 0,1,2 --items 24 --write-results bench/RESULTS.md
+
+On smol-omni-skills (issue 35; its rows in bench/token_weights_skills_smol.json, its own RESULTS.md
+section), w4a16 on 256 samples as bench/skills_experiment.py's CPU run calibrates it:
+
+    python bench/token_weights_experiment.py --model DIR --work /tmp/tw-smol-skills \
+        --settings w4a16-256 --seeds 0,1 --items 200 --pool-per-task 256 --write-results bench/RESULTS.md
 
 The tiny-omni-skills part keeps its rows in ``--results`` (default bench/token_weights_skills.json,
 in the repository; a file of its own, not a section of bench/token_weights.json, so that the two
@@ -75,8 +86,16 @@ for path in (ROOT, ROOT / "bench"):
 import skills_experiment as se  # noqa: E402  (bench/, on the path above)
 
 SECTION = "## Token-weighted calibration (issue 18)"
+# A suite other than tiny-omni-skills renders into a section of its own (SECTION holds
+# tiny-omni-skills' part and SmolLM2's text subsection).
+SUITE_SECTIONS = {"smol-omni-skills": "## Token-weighted calibration on smol-omni-skills (issue 35)"}
 RECIPE = "w4a16"
-SKILLS_RESULTS = ROOT / "bench" / "token_weights_skills.json"
+# One results file per suite (rows are named by setting, arm and seed, not by model).
+SKILLS_RESULTS_FILES = {
+    "tiny-omni-skills": ROOT / "bench" / "token_weights_skills.json",
+    "smol-omni-skills": ROOT / "bench" / "token_weights_skills_smol.json",
+}
+SKILLS_RESULTS = SKILLS_RESULTS_FILES["tiny-omni-skills"]
 # The observer of plain GPTQ (the library's default for weights): plain and the token-weighted
 # arms name it, since the shipped w4a16 picks imatrix_mse.
 PLAIN_OBSERVER = {"weight_observer": "memoryless_minmax"}
@@ -93,6 +112,8 @@ ARMS: dict[str, dict] = {
 SETTINGS: dict[str, tuple[dict, int]] = {
     "w4a16": ({}, 32),
     "w4a16-sym-10": ({"symmetric": True}, 10),
+    # smol-omni-skills' size: bench/skills_experiment.py's CPU run calibrates w4a16 on 256 samples
+    "w4a16-256": ({}, 256),
 }
 # A task is judged where the original's score clears the task's chance level c (``chance_level``:
 # what an answer that ignores the input scores) by JUDGED_SD binomial standard errors over the n
@@ -100,6 +121,13 @@ SETTINGS: dict[str, tuple[dict, int]] = {
 # quantized checkpoint has next to nothing to lose and no arm can show a difference.
 JUDGED_SD = 2.0
 JUDGED_ITEMS = 2
+# A suite whose answers are not enumerated here (``answer_distribution``) gets its chance levels
+# from this many answers its generator draws, the most frequent CHANCE_CANDIDATES of them tried as
+# the constant answer (with their one- and two-word prefixes where the metric is wer).
+CHANCE_DRAWS = 2000
+CHANCE_SEED = 4243
+CHANCE_CANDIDATES = 64
+TINY = "tiny-omni-skills"
 # Scores are multiples of 1/items: two figures closer than this are equal (float rounding decides
 # no comparison).
 TOLERANCE = 1e-9
@@ -179,12 +207,12 @@ def tensor_digests(checkpoint: Path) -> dict[str, str]:
     }
 
 
-def measure_run(model: Path, pool: Path, work: Path, setting: str, arm: str, seed: int, items: int, built: set) -> dict:
-    """Quantize one arm's checkpoint and score it on the held-out items: the row, without its
-    key and settings."""
-    from quantkit.eval.skills import score_model
+def measure_run(
+    model: Path, pool: Path, work: Path, setting: str, arm: str, seed: int, items: int, built: set, suite
+) -> dict:
+    """Quantize one arm's checkpoint and score it on ``suite``'s held-out items (per task and per
+    item: the pairing with plain and the original): the row, without its key and settings."""
     from quantkit.quantize import quantize
-    from quantkit.synthetic.skills_tasks import TASKS
 
     size = SETTINGS[setting][1]
     drawn = drawn_samples(model, pool, work, size, seed, built)
@@ -200,7 +228,7 @@ def measure_run(model: Path, pool: Path, work: Path, setting: str, arm: str, see
         progress=False,
     )
     quantized = time.monotonic()
-    scores = score_model(checkpoint, [t.name for t in TASKS], items=items)
+    scores = se.scored(checkpoint, suite, items, suite_from=model)  # a checkpoint has no skills.json
     meta = json.loads((checkpoint / "quantkit.json").read_text())
     card = (checkpoint / "README.md").read_text() if (checkpoint / "README.md").is_file() else ""
     return {
@@ -216,7 +244,7 @@ def measure_run(model: Path, pool: Path, work: Path, setting: str, arm: str, see
         "card_token_weights": "GPTQ token weights" in card,
         "recorded_weight_observer": (meta.get("recipe") or {}).get("weight_observer"),
         "tensors": tensor_digests(checkpoint),
-        "scores": {t.task: t.score for t in scores.tasks},
+        **scores,
     }
 
 
@@ -245,13 +273,30 @@ def cell(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), max(values) - min(values)
 
 
-def answer_distribution(task: str) -> dict[str, float] | None:
-    """The probability of each reference answer of ``task``, enumerated from how
-    quantkit/synthetic/skills_tasks.py draws its items (None for a task not enumerated here)."""
+def suite_of(name: str):
+    """The task module of the suite ``name`` (quantkit.synthetic's tiny- or smol-omni-skills)."""
+    from quantkit.synthetic.skills_tasks import suite_module
+
+    return suite_module({"suite": name})
+
+
+def tasks_of(name: str) -> list:
+    return suite_of(name).TASKS
+
+
+def answer_distribution(task: str, suite: str = TINY) -> dict[str, float] | None:
+    """The probability of each reference answer of ``suite``'s ``task``: enumerated from how
+    quantkit/synthetic/skills_tasks.py draws tiny-omni-skills' items (None for a task not
+    enumerated here); for another suite, the frequencies of CHANCE_DRAWS answers its generator
+    draws (seed CHANCE_SEED, not the held-out items' seed)."""
     import itertools
     import math
 
     from quantkit.synthetic import skills_tasks as st
+
+    if suite != TINY:
+        drawn = [item.answer for item in suite_of(suite).make_items(task, CHANCE_DRAWS, CHANCE_SEED)]
+        return {answer: drawn.count(answer) / len(drawn) for answer in sorted(set(drawn))}
 
     def uniform(answers) -> dict[str, float]:
         answers = list(answers)
@@ -288,21 +333,20 @@ def answer_distribution(task: str) -> dict[str, float] | None:
 
 
 @functools.cache
-def chance_level(task: str) -> tuple[float, str] | None:
+def chance_level(task: str, suite: str = TINY) -> tuple[float, str] | None:
     """The best mean score of one constant answer over ``task``'s answer distribution, scored by the
     task's own metric, with that answer: what a model that ignores the input can score. None for a
     task whose answers are not enumerated here."""
     from quantkit.eval.skills import SCORERS
-    from quantkit.synthetic.skills_tasks import TASKS_BY_NAME
 
-    answers = answer_distribution(task)
+    answers = answer_distribution(task, suite)
     if answers is None:
         return None
-    metric = TASKS_BY_NAME[task].metric
+    metric = suite_of(suite).TASKS_BY_NAME[task].metric
     if metric == "exact":  # a constant scores the probability of its own answer
         best = max(answers, key=answers.get)
         return answers[best], best
-    candidates = set(answers)
+    candidates = set(sorted(answers, key=answers.get, reverse=True)[:CHANCE_CANDIDATES])
     if metric == "wer":  # shorter constants too: one word, two words
         candidates |= {" ".join(a.split()[:k]) for a in answers for k in (1, 2)}
     scored = {c: sum(p * SCORERS[metric](c, a) for a, p in answers.items()) for c in sorted(candidates)}
@@ -310,27 +354,25 @@ def chance_level(task: str) -> tuple[float, str] | None:
     return scored[best], best
 
 
-def judged_threshold(task: str, items: int) -> float | None:
+def judged_threshold(task: str, items: int, suite: str = TINY) -> float | None:
     """The score the original must reach on ``items`` held-out items for ``task`` to be judged:
     chance + max(JUDGED_SD standard errors, JUDGED_ITEMS items). None without a chance level."""
-    level = chance_level(task)
+    level = chance_level(task, suite)
     if level is None:
         return None
     chance = level[0]
     return chance + max(JUDGED_SD * math.sqrt(chance * (1 - chance) / items), JUDGED_ITEMS / items)
 
 
-def judged_tasks(original: dict | None, items: int | None = None) -> list[str]:
+def judged_tasks(original: dict | None, items: int | None = None, suite: str = TINY) -> list[str]:
     """The tasks the original answers clearly above chance (``judged_threshold``) on its held-out
     items (``items``, default the original row's own count)."""
-    from quantkit.synthetic.skills_tasks import TASKS
-
     if original is None:
         return []
     items = items or original["items"]
     out = []
-    for t in TASKS:
-        threshold = judged_threshold(t.name, items)
+    for t in tasks_of(suite):
+        threshold = judged_threshold(t.name, items, suite)
         if threshold is not None and original["scores"][t.name] >= threshold - TOLERANCE:
             out.append(t.name)
     return out
@@ -345,14 +387,24 @@ def unmoved_tasks(original: dict | None, runs: list[dict], tasks: list[str]) -> 
     ]
 
 
+def original_items(original: dict, task: str) -> list[float] | None:
+    """The original's per-item scores on ``task`` (None in a row made before they were kept)."""
+    text = (original.get("item_scores") or {}).get(task)
+    return [float(v) for v in text.split()] if text else None
+
+
 def original_losses(original: dict, rows: list[dict], tasks: list[str]) -> list[str]:
-    """The tasks where ``rows``' mean lies below the original's score by more than their seed spread
-    (beyond TOLERANCE), each with the mean, spread and original."""
+    """The tasks where ``rows`` (one arm's seeds, each item's score averaged over them) lose against
+    the original beyond the paired bootstrap 95% interval of original - arm on the same items (the
+    gate's rule, bench/skills_experiment.py's ``paired``), each with the loss in points and its
+    interval. A task without per-item scores on either side is left out."""
     out = []
     for task in tasks:
-        mean, spread = cell([r["scores"][task] for r in rows])
-        if original["scores"][task] - mean > spread + TOLERANCE:
-            out.append(f"{task} {mean:.3f} ± {spread:.3f} vs original {original['scores'][task]:.3f}")
+        base, mine = original_items(original, task), se.seed_mean_items(rows, task)
+        if base and mine:
+            figure = se.paired(base, mine)
+            if se.side(figure) == 1:
+                out.append(f"{task} {se.interval_text(figure)}")
     return out
 
 
@@ -374,18 +426,22 @@ def against_plain(runs: list[dict], run: dict) -> dict[str, list[int]] | None:
 
 
 def differences(setting: str, runs: list[dict], tasks: list[str]) -> dict[str, tuple[list[str], list[str]]]:
-    """Each arm against plain on ``tasks``: (better, worse) task lists, a difference counting when
-    the means differ by more than the larger of the two seed spreads (beyond TOLERANCE)."""
+    """Each arm against plain on ``tasks``: (better, worse) task lists, each with arm - plain in
+    points and its paired bootstrap 95% interval on the same items (each item's score averaged over
+    the seeds first); a difference counts where the interval excludes 0 (the gate's rule). A task
+    without per-item scores on either side is neither."""
     mine = [r for r in runs if r["setting"] == setting]
+    plain = [r for r in mine if r["arm"] == "plain"]
     out = {}
     for arm in [a for a in ARMS if a != "plain" and any(r["arm"] == a for r in mine)]:
         better, worse = [], []
         for task in tasks:
-            plain = cell([r["scores"][task] for r in mine if r["arm"] == "plain"])
-            other = cell([r["scores"][task] for r in mine if r["arm"] == arm])
-            diff = other[0] - plain[0]
-            if abs(diff) > max(plain[1], other[1]) + TOLERANCE:
-                (better if diff > 0 else worse).append(f"{task} {diff:+.3f}")
+            other, base = se.seed_mean_items([r for r in mine if r["arm"] == arm], task), se.seed_mean_items(plain, task)
+            if other and base:
+                figure = se.paired(other, base)
+                side = se.side(figure)
+                if side:
+                    (better if side > 0 else worse).append(f"{task} {se.interval_text(figure)}")
         out[arm] = (better, worse)
     return out
 
@@ -422,34 +478,45 @@ def shown_path(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-def judged_rule(items: int) -> str:
+def judged_rule(items: int, suite: str = TINY) -> str:
     """The judged rule in words, from the constants, with each task's chance level and threshold."""
-    from quantkit.synthetic.skills_tasks import TASKS
-
     levels = []
-    for t in TASKS:
-        level = chance_level(t.name)
+    for t in tasks_of(suite):
+        level = chance_level(t.name, suite)
         levels.append(
             f"{t.name} not derived"
             if level is None
             else f"{t.name} {level[0]:.3f} (`{level[1]}`{', ' + t.metric if t.metric != 'exact' else ''}) "
-            f"-> {judged_threshold(t.name, items):.3f}"
+            f"-> {judged_threshold(t.name, items, suite):.3f}"
         )
+    source = (
+        "enumerated from the answers quantkit/synthetic/skills_tasks.py draws"
+        if suite == TINY
+        else f"over {CHANCE_DRAWS} answers {suite_of(suite).__name__.replace('.', '/')}.py draws "
+        f"(seed {CHANCE_SEED}; its {CHANCE_CANDIDATES} most frequent tried)"
+    )
+    tail = (
+        " (temporal_grounding: 3 s, start uniform in 0-2 s, end uniform after it; the best constant span's "
+        "mean tIoU; grounding: one of the nine 56-pixel cells, each equally likely to hold the target)"
+        if suite == TINY
+        else ""
+    )
     return (
         "A task is judged only where the original's score reaches its chance level c (the best mean "
-        "score of one constant answer, over the answers quantkit/synthetic/skills_tasks.py draws: what a "
+        f"score of one constant answer, {source}: what a "
         f"model ignoring the input scores) plus the larger of {JUDGED_SD:g} binomial standard errors "
         f"over the {items} items, {JUDGED_SD:g}·sqrt(c(1 - c)/{items}), and {JUDGED_ITEMS} items "
         f"({JUDGED_ITEMS}/{items} = {JUDGED_ITEMS / items:.3f}); a judged task where every checkpoint "
         "of every run scores as the original shows no movement and has nothing to judge. Chance levels "
         "(the constant answer, the metric where not exact match) -> the score the original must reach: "
         + "; ".join(levels).replace("\n", " ")
-        + " (temporal_grounding: 3 s, start uniform in 0-2 s, end uniform after it; the best constant span's "
-        "mean tIoU; grounding: one of the nine 56-pixel cells, each equally likely to hold the target)"
+        + tail
     )
 
 
-def intro(plan: dict, identity: dict, original: dict | None, runs: list[dict], results: Path = SKILLS_RESULTS) -> str:
+def intro(
+    plan: dict, identity: dict, original: dict | None, runs: list[dict], results: Path = SKILLS_RESULTS, suite: str = TINY
+) -> str:
     """The paragraph before the tables, from the plan, the model's identity and the rows."""
     arms = "; ".join(
         f"**{arm}** ("
@@ -478,18 +545,17 @@ def intro(plan: dict, identity: dict, original: dict | None, runs: list[dict], r
     )
     return (
         f"Rendered by bench/token_weights_experiment.py from {shown_path(results)}. Model: "
-        f"tiny-omni-skills {identity['hash']} (a hash of its weights, tokenizer, config files and "
+        f"{suite} {identity['hash']} (a hash of its weights, tokenizer, config files and "
         f"skills.json{record}); its "
         f"original scores {made}. Calibration pool: bench/skills_experiment.py's skills pool, "
         f"{plan['pool_per_task']} records a task (`quantkit demo-pool --skills --per-task "
         f"{plan['pool_per_task']}`). Arms, every one on the same stratified calibration samples per "
         f"seed (`quantkit calibrate --size N --seed S`; {same}): {arms}. Settings: {settings}. Every "
         f"checkpoint and the original are scored on the same {plan['items']} held-out items a task; "
-        f"mean ± spread (max - min) over seeds. {judged_rule(plan['items'])}. A difference from plain "
-        "counts only where the means differ by more than the larger of the two seed spreads; a loss "
-        "against the original counts where an arm's mean lies below the original's score by more than "
-        f"the arm's seed spread (both tests beyond a tolerance of {TOLERANCE:g}: scores are multiples of "
-        f"1/{plan['items']}). Rows are keyed by the model's identity, "
+        f"mean ± spread (max - min) over seeds. {judged_rule(plan['items'], suite)}. A difference "
+        "from plain (arm - plain) and a loss against the original (original - arm) are in points, "
+        "paired on the same items (each item's score averaged over an arm's seeds first) with the "
+        "gate's bootstrap 95% interval, and count only where that interval excludes 0. Rows are keyed by the model's identity, "
         "the quantkit modules the run imported, the measuring code, the recipe and the settings "
         "(bench/skills_experiment.py's keys); a row whose key no longer matches keeps its last figures in a table marked stale; "
         '"made by": the commits that measured them. Command: `python bench/token_weights_experiment.py '
@@ -507,19 +573,19 @@ def render(
     pending: list[dict] = (),
     results: Path = SKILLS_RESULTS,
     stale_original: dict | None = None,
+    suite: str = TINY,
 ) -> str:
-    """The tiny-omni-skills part from the current rows ``runs`` and the current original row (None
+    """The part of ``suite`` from the current rows ``runs`` and the current original row (None
     when it is not measured at this code) over ``plan``; ``pending``: the planned runs without a
     current row (missing, or stale: made by another model or other code, with its ``row``). Stale
     rows (and ``stale_original``, the stored original when it is not current) keep their last
     figures in a table marked stale, left out of every verdict."""
     from _shared import row_mark
 
-    from quantkit.synthetic.skills_tasks import TASKS
-
-    judged = judged_tasks(original, plan["items"])
+    TASKS = tasks_of(suite)
+    judged = judged_tasks(original, plan["items"], suite)
     unmoved = unmoved_tasks(original, runs, judged)
-    lines = [intro(plan, identity, original, runs, results), ""]
+    lines = [intro(plan, identity, original, runs, results, suite), ""]
     better_any, worse_any, settled, plain_loses, arm_loses = [], [], [], [], []
     for setting in [s for s in SETTINGS if s in plan["settings"]]:
         mine = [r for r in runs if r["setting"] == setting]
@@ -544,13 +610,13 @@ def render(
                 else:
                     cells.append("not measured")
             first = f"{original['scores'][task.name]:.3f}" if original else "not measured"
-            threshold = judged_threshold(task.name, plan["items"])
+            threshold = judged_threshold(task.name, plan["items"], suite)
             mark = (
                 " (original not measured: not judged)"
                 if not original
                 else " (no chance level derived: not judged)"
                 if threshold is None
-                else f" (chance {chance_level(task.name)[0]:.3f}, original below {threshold:.3f}: not judged)"
+                else f" (chance {chance_level(task.name, suite)[0]:.3f}, original below {threshold:.3f}: not judged)"
                 if task.name not in judged
                 else " (no movement: nothing to judge)"
                 if task.name in unmoved
@@ -601,43 +667,41 @@ def render(
                     f"packed weights {packed}, scales {scales}"
                 )
         lines.append("")
-        plain_seeds = {r["seed"] for r in mine if r["arm"] == "plain"}
-        if len(plain_seeds) < 2 or not judged:
-            lines += [f"- {setting}: fewer than two seeds of plain, or no judged task: nothing judged", ""]
+        if not any(r["arm"] == "plain" for r in mine) or not judged:
+            lines += [f"- {setting}: no run of plain, or no judged task: nothing judged", ""]
             continue
         settled.append(setting)
         for arm in arms:  # is there a loss against the original (for a weighting to recover)?
             rows = [r for r in mine if r["arm"] == arm]
-            if len({r["seed"] for r in rows}) < 2:
+            if not rows:
                 continue
             lost = original_losses(original, rows, judged)
             (plain_loses if arm == "plain" else arm_loses).extend(
                 f"{task} ({setting})" if arm == "plain" else f"{arm} on {task} ({setting})" for task in lost
             )
             lines.append(
-                f"- {setting}, {arm} against the original beyond its seed spread: lost on {'; '.join(lost) or 'no judged task'}"
+                f"- {setting}, {arm} against the original beyond the paired interval: lost on "
+                f"{'; '.join(lost) or 'no judged task'}"
             )
         for arm, (better, worse) in differences(setting, mine, judged).items():
-            if len({r["seed"] for r in mine if r["arm"] == arm}) < 2:
-                lines.append(f"- {setting}, {arm}: fewer than two seeds: not judged")
-                continue
             better_any += [f"{arm} on {t} ({setting})" for t in better]
             worse_any += [f"{arm} on {t} ({setting})" for t in worse]
             lines.append(
-                f"- {setting}, {arm} against plain beyond the seed spread: better on "
+                f"- {setting}, {arm} against plain beyond the paired interval: better on "
                 f"{', '.join(better) or 'no task'}; worse on {', '.join(worse) or 'no task'}"
             )
         lines.append("")
     lines.append(
-        closing(original, runs, pending, judged, settled, better_any, worse_any, plain_loses, arm_loses, unmoved)
+        closing(original, runs, pending, judged, settled, better_any, worse_any, plain_loses, arm_loses, unmoved, suite)
     )
     return "\n".join(lines)
 
 
-def closing(original, runs, pending, judged, settled, better_any, worse_any, plain_loses, arm_loses=(), unmoved=()) -> str:
+def closing(
+    original, runs, pending, judged, settled, better_any, worse_any, plain_loses, arm_loses=(), unmoved=(), suite=TINY
+) -> str:
     """The paragraph after the tables: every statement computed from the rows."""
-    from quantkit.synthetic.skills_tasks import TASKS
-
+    TASKS = tasks_of(suite)
     precision = [t.name for t in TASKS if t.family in PRECISION_FAMILIES]
     tested = [t for t in precision if t in judged and t not in unmoved]
     still = [t for t in precision if t in unmoved]
@@ -666,35 +730,35 @@ def closing(original, runs, pending, judged, settled, better_any, worse_any, pla
                 f"{'is' if len(tested) == 1 else 'are'} judged here"
                 if tested
                 else f"None of the issue's precision tasks ({words(precision)}) is judged with movement "
-                "here, so its goal (precision tasks gaining beyond the seed spread) cannot be tested on this model"
+                "here, so its goal (precision tasks gaining beyond the paired interval) cannot be tested on this model"
             )
             + (f"; {words(still)} did not move in any run (nothing to judge)" if still and tested else "")
             + (f"; {words(below)} not judged (original not clearly above chance)" if below and tested else "")
             + "."
         )
     if not settled:
-        out.append("No setting has two seeds of plain and a judged task: nothing is judged.")
+        out.append("No setting has a run of plain and a judged task: nothing is judged.")
     else:
         out.append(
-            f"Beyond the seed spread, better than plain: {'; '.join(better_any)}."
+            f"Better than plain beyond the paired interval: {'; '.join(better_any)}."
             if better_any
-            else "No token weighting and not imatrix helped any judged task beyond the seed spread."
+            else "No token weighting and not imatrix helped any judged task beyond the paired interval."
         )
         out.append(
-            f"Plain GPTQ itself lost beyond its seed spread on: {'; '.join(plain_loses)}."
+            f"Plain GPTQ itself lost against the original beyond the paired interval on: {'; '.join(plain_loses)}."
             if plain_loses
-            else "But plain GPTQ loses nothing beyond its seed spread on any judged task here, so there "
+            else "But plain GPTQ loses nothing against the original beyond the paired interval on any judged task here, so there "
             "was no loss for a weighting to recover: the experiment is inconclusive there."
         )
         out.append(
-            f"Worse than plain beyond the seed spread: {'; '.join(worse_any)}."
+            f"Worse than plain beyond the paired interval: {'; '.join(worse_any)}."
             if worse_any
-            else "No arm was worse than plain beyond the seed spread on any judged task."
+            else "No arm was worse than plain beyond the paired interval on any judged task."
         )
         out.append(
-            f"Against the original, the other arms lost beyond their seed spread on: {'; '.join(arm_loses)}."
+            f"Against the original, the other arms lost beyond the paired interval on: {'; '.join(arm_loses)}."
             if arm_loses
-            else "No other arm lost against the original beyond its seed spread on any judged task."
+            else "No other arm lost against the original beyond the paired interval on any judged task."
         )
     out.append(shipped_calibration())
     weighted = [r for r in runs if ARMS[r["arm"]].get("token_weights")]
@@ -721,6 +785,7 @@ def skills_main(args) -> str:
     from _shared import loaded_sources
 
     identity = se.model_identity(args.model)
+    suite = se.model_suite(args.model)
     state = skills_state()
     data = se.load(args.results)
     if not args.render_only:
@@ -760,8 +825,8 @@ def skills_main(args) -> str:
                     pending.append({"setting": setting, "arm": arm, "seed": seed, "status": status, "row": row})
                     continue
                 if pool is None:
-                    pool = se.write_pool(args.work, plan["pool_per_task"])
-                row = measure_run(args.model, pool, args.work, setting, arm, seed, plan["items"], built)
+                    pool = se.write_pool(args.work, plan["pool_per_task"], suite)
+                row = measure_run(args.model, pool, args.work, setting, arm, seed, plan["items"], built, suite)
                 row["settings"] = settings
                 row["model"] = identity
                 row["provenance"] = se.row_key(key, run_spec(setting, arm, identity), settings, state, loaded_sources())
@@ -773,7 +838,7 @@ def skills_main(args) -> str:
         models = [p["row"]["model"] for p in pending if p.get("row") and p["row"].get("model")]
         stale_original = data["original"].get(se.original_name(models[0], plan["items"])) if models else None
     stale_original = stale_original if original is None else None
-    return render(plan, identity, original, runs, pending, args.results, stale_original) + note(data)
+    return render(plan, identity, original, runs, pending, args.results, stale_original, suite.SUITE) + note(data)
 
 
 # ---------------------------------------------------------------------- SmolLM2-135M (real weights)
@@ -1212,11 +1277,19 @@ def main(argv: list[str] | None = None) -> None:
         unknown += [a for a in se.csv(args.arms or "") if a not in ARMS]
         if unknown:
             parser.error(f"unknown setting or arm: {', '.join(unknown)}")
-    args.results = args.results or (SMOL_RESULTS if args.smollm2 else SKILLS_RESULTS)
+    if args.results is None:
+        args.results = SMOL_RESULTS if args.smollm2 else SKILLS_RESULTS_FILES.get(
+            se.model_suite(args.model).SUITE, SKILLS_RESULTS
+        )
     args.work.mkdir(parents=True, exist_ok=True)
     text = smol_main(args) if args.smollm2 else skills_main(args)
     print(text)
-    if args.write_results:
+    suite = None if args.smollm2 else se.model_suite(args.model).SUITE
+    if args.write_results and suite in SUITE_SECTIONS:
+        from _shared import replace_section
+
+        replace_section(args.write_results, SUITE_SECTIONS[suite], text)
+    elif args.write_results:
         write_part(args.write_results, text, smol=args.smollm2)
 
 

@@ -284,6 +284,7 @@ def fake_model(folder: Path, weights: bytes = b"weights") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "model.safetensors").write_bytes(weights)
     (folder / "tokenizer.json").write_text("{}", encoding="utf-8")
+    (folder / "skills.json").write_text(json.dumps({"suite": tw.TINY}), encoding="utf-8")
     return folder
 
 
@@ -291,6 +292,16 @@ def task_scores(value: float = 1.0, **scores: float) -> dict:
     from quantkit.synthetic.skills_tasks import TASKS
 
     return {t.name: scores.get(t.name, value) for t in TASKS}
+
+
+def item_scores(scores: dict, items: int = PLAN["items"]) -> dict:
+    """Per-item scores (as rows store them) whose means are ``scores`` to the nearest item: the
+    first round(score x items) items right, the rest wrong."""
+    return {t: " ".join("1" if i < round(v * items) else "0" for i in range(items)) for t, v in scores.items()}
+
+
+def items_of(scores: float, items: int = PLAN["items"]) -> list[float]:
+    return [float(v) for v in item_scores({"t": scores}, items)["t"].split()]
 
 
 def skills_row(setting, arm, seed, scores, identity, state, packed=("a", "b")) -> dict:
@@ -311,6 +322,7 @@ def skills_row(setting, arm, seed, scores, identity, state, packed=("a", "b")) -
         "recorded_weight_observer": tw.ARMS[arm]["weight_observer"],
         "tensors": {"l0.weight_packed": packed[0], "l1.weight_packed": packed[1], "l0.weight_scale": "s"},
         "scores": scores,
+        "item_scores": item_scores(scores),
         "settings": settings,
         "model": identity,
     }
@@ -328,6 +340,7 @@ def original_row(scores: dict, identity: dict, state: dict) -> dict:
         "model": identity,
         "seconds": 1.0,
         "scores": scores,
+        "item_scores": item_scores(scores),
         "provenance": provenance,
     }
 
@@ -390,44 +403,96 @@ def test_chance_levels_match_the_task_generators():
         assert abs(statistics.mean(scores) - chance) <= bound, task.name
 
 
+def test_chance_levels_of_smol_tasks_are_estimated_from_what_their_generators_draw():
+    """smol-omni-skills' answers are not enumerated: each chance level is estimated from
+    CHANCE_DRAWS drawn answers, and its constant answer scores about that on items of another
+    seed; the estimates sit far below what the original scores (so every task can be judged)."""
+    from quantkit.eval.skills import SCORERS
+    from quantkit.synthetic import smol_tasks
+
+    n = 400
+    suite = smol_tasks.SUITE
+    for task in smol_tasks.TASKS:
+        chance, answer = tw.chance_level(task.name, suite)
+        scores = [SCORERS[task.metric](answer, item.answer) for item in smol_tasks.make_items(task.name, n, seed=4242)]
+        bound = 4 * max(chance * (1 - chance), 1 / n) ** 0.5 / n**0.5
+        assert abs(statistics.mean(scores) - chance) <= bound, task.name
+        assert tw.judged_threshold(task.name, 200, suite) < 0.6, task.name
+    assert tw.chance_level("capitals", suite)[0] < 0.05  # 40 countries
+    assert tw.chance_level("audio_image_qa", suite)[0] == pytest.approx(0.5, abs=0.05)  # yes / no
+
+
+def test_a_smol_model_renders_its_own_section_and_keeps_the_tiny_one(tmp_path, capsys):
+    """Rows of a smol-omni-skills model go to its own RESULTS.md section (the tiny-omni-skills
+    section, with SmolLM2's text subsection, is left as it was), judged by that suite's tasks."""
+    from quantkit.synthetic import smol_tasks
+
+    model = fake_model(tmp_path / "model")
+    (model / "skills.json").write_text(json.dumps({"suite": smol_tasks.SUITE}), encoding="utf-8")
+    identity = se.model_identity(model)
+    state = tw.skills_state()
+    scores = {t.name: 1.0 for t in smol_tasks.TASKS}
+    results = tmp_path / "rows.json"
+    rows = [skills_row("w4a16", arm, 0, dict(scores, capitals=v), identity, state) for arm, v in (("plain", 1.0), ("imatrix", 0.5))]
+    stored(results, original_row(scores, identity, state), rows, identity)
+    markdown = tmp_path / "RESULTS.md"
+    tiny = f"{tw.SECTION}\n\ntiny part\n\n{tw.SMOL_SECTION}\n\ntext part\n"
+    markdown.write_text(f"# Benchmark results\n\n{tiny}", encoding="utf-8")
+    args = ["--model", str(model), "--work", str(tmp_path / "work"), "--render-only", "--results", str(results)]
+    tw.main([*args, "--write-results", str(markdown)])
+    written = markdown.read_text(encoding="utf-8")
+    assert written.startswith(f"# Benchmark results\n\n{tiny}")
+    section = written.split(tw.SUITE_SECTIONS[smol_tasks.SUITE] + "\n", 1)[1]
+    assert f"Model: {smol_tasks.SUITE} {identity['hash']}" in section
+    assert "| text | capitals |" in section and "arithmetic" not in section  # smol's tasks, not tiny's
+    worse = se.interval_text(se.paired(items_of(0.5), items_of(1.0)))
+    assert f"worse on capitals {worse}" in section
+    assert "over 2000 answers quantkit/synthetic/smol_tasks.py draws" in section
+
+
 def test_unmoved_tasks_are_named_and_losses_against_the_original_reported():
     """A judged task no checkpoint moves on is 'no movement: nothing to judge', not tested; an arm
-    below the original by more than its spread is a loss, reported beside plain's."""
+    whose paired interval against the original lies wholly above 0 is a loss, reported beside
+    plain's; plain one item below the original on one seed is within its interval."""
     identity = {"hash": "h" * 16, "record": None}
-    original = {"items": 24, "scores": task_scores(1.0, ocr_table=0.25), "provenance": {"commit": "abc1234"}}
+    scores = task_scores(1.0, ocr_table=0.25)
+    original = {"items": 24, "scores": scores, "item_scores": item_scores(scores), "provenance": {"commit": "abc1234"}}
     state = tw.skills_state()
     rows = [
         skills_row("w4a16", "plain", s, task_scores(1.0, ocr_table=v), identity, state)
-        for s, v in ((0, 0.25), (1, 0.208))
+        for s, v in ((0, 0.25), (1, 5 / 24))
     ]
-    rows += [
-        skills_row("w4a16", "imatrix", s, task_scores(1.0, ocr_table=5 / 24), identity, state) for s in (0, 1)
-    ]
+    rows += [skills_row("w4a16", "imatrix", s, task_scores(1.0, ocr_table=0.0), identity, state) for s in (0, 1)]
     text = tw.render(PLAN, identity, original, rows)
     assert "ocr_digits (no movement: nothing to judge)" in text and "| image | ocr_table |" in text
     assert (
         "Of the issue's precision tasks (ocr_digits, ocr_table, grounding and temporal_grounding), ocr_table is judged here"
         in text
     )
-    assert "- w4a16, plain against the original beyond its seed spread: lost on no judged task" in text
-    assert "imatrix on ocr_table 0.208 ± 0.000 vs original 0.250 (w4a16)" in text
-    assert "No arm was worse than plain beyond the seed spread on any judged task." in text
+    assert "- w4a16, plain against the original beyond the paired interval: lost on no judged task" in text
+    loss = se.interval_text(se.paired(items_of(0.25), items_of(0.0)))
+    assert loss.startswith("+25.0 [") and f"imatrix on ocr_table {loss} (w4a16)" in text
+    worse = se.interval_text(se.paired(items_of(0.0), [1.0] * 5 + [0.5] + [0.0] * 18))  # vs plain's seed mean
+    assert f"Worse than plain beyond the paired interval: imatrix on ocr_table {worse} (w4a16)." in text
 
 
-def test_a_tie_at_the_spread_is_within_it_whatever_the_float_rounding():
-    """Means that differ by exactly the spread (multiples of 1/items) are no difference, even when
-    float arithmetic puts the difference a hair above it."""
-    plain, imatrix = (0 / 24, 1 / 24), (1 / 24, 2 / 24)  # means 1/24 apart, spreads 1/24
-    runs = [
-        {"setting": "w4a16", "arm": arm, "seed": s, "scores": {"ocr_table": v}}
-        for arm, values in (("plain", plain), ("imatrix", imatrix))
-        for s, v in enumerate(values)
-    ]
-    mean_gap = statistics.mean(imatrix) - statistics.mean(plain)
-    assert mean_gap > max(
-        plain[1] - plain[0], imatrix[1] - imatrix[0]
-    )  # float rounding alone would call it one
-    assert tw.differences("w4a16", runs, ["ocr_table"]) == {"imatrix": ([], [])}
+def test_a_difference_from_plain_counts_only_beyond_the_paired_interval():
+    """One item of 24 apart is within the paired interval (no difference, whatever the means);
+    twelve items apart is beyond it, with the figure the gate's interval gives; a row without
+    per-item scores (made before they were kept) is judged neither way."""
+
+    def runs(imatrix: float) -> list[dict]:
+        return [
+            {"setting": "w4a16", "arm": arm, "seed": 0, "item_scores": item_scores({"ocr_table": v})}
+            for arm, v in (("plain", 1.0), ("imatrix", imatrix))
+        ]
+
+    assert tw.differences("w4a16", runs(23 / 24), ["ocr_table"]) == {"imatrix": ([], [])}
+    figure = se.interval_text(se.paired(items_of(0.5), items_of(1.0)))
+    assert figure.startswith("-50.0 [")
+    assert tw.differences("w4a16", runs(0.5), ["ocr_table"]) == {"imatrix": ([], [f"ocr_table {figure}"])}
+    old = [{k: v for k, v in r.items() if k != "item_scores"} for r in runs(0.5)]
+    assert tw.differences("w4a16", old, ["ocr_table"]) == {"imatrix": ([], [])}
 
 
 def test_the_intro_names_the_results_file_it_was_rendered_from(tmp_path):
@@ -484,7 +549,9 @@ def test_rows_of_another_model_or_other_code_are_not_current(tmp_path, capsys):
     assert "| 1.000 ± 0.000 (n=1) | 0.500 ± 0.000 (n=1) |" in caption
     assert "seeds 0;" in text  # seed 1 has no current row
     assert f"- w4a16: made by {state['commit']} (current)" in current_part
-    assert "nothing judged" in text  # one plain seed left: no spread to judge by
+    # one current seed a side is enough for the paired interval: imatrix (0.5) worse than plain (1.0)
+    worse = se.interval_text(se.paired(items_of(0.5), items_of(1.0)))
+    assert f"- w4a16, imatrix against plain beyond the paired interval: better on no task; worse on ocr_digits {worse}" in text
     assert "packed weights 1-1 of 2, scales 0-0 of 1" in text  # from the rows' digests
 
 
@@ -514,7 +581,7 @@ def test_stale_original_judges_nothing(tmp_path, capsys):
 
 def test_current_rows_are_reused_and_judged_not_measured(tmp_path, capsys):
     """Measuring mode reuses every current row and the current original (the fake model could not
-    be quantized: nothing is measured, no pool is written) and judges by the seed spread."""
+    be quantized: nothing is measured, no pool is written) and judges by the paired interval."""
     model = fake_model(tmp_path / "model")
     identity = se.model_identity(model)
     state = tw.skills_state()
@@ -533,12 +600,13 @@ def test_current_rows_are_reused_and_judged_not_measured(tmp_path, capsys):
     assert (
         after["runs"] == data["runs"] and after["original"] == data["original"] and list(work.iterdir()) == []
     )
-    assert (
-        "- w4a16, imatrix against plain beyond the seed spread: better on no task; worse on caption -0.450"
-        in text
-    )
-    assert "Worse than plain beyond the seed spread: imatrix on caption -0.450 (w4a16)." in text
-    assert "imatrix on caption 0.550 ± 0.100 vs original 1.000 (w4a16)" in text
+    imatrix = [statistics.mean(pair) for pair in zip(items_of(0.5), items_of(0.6), strict=True)]
+    worse = se.interval_text(se.paired(imatrix, items_of(1.0)))
+    assert worse.startswith("-45.8 [")  # 13 of 24 items right on average over the two seeds
+    assert f"- w4a16, imatrix against plain beyond the paired interval: better on no task; worse on caption {worse}" in text
+    assert f"Worse than plain beyond the paired interval: imatrix on caption {worse} (w4a16)." in text
+    lost = se.interval_text(se.paired(items_of(1.0), imatrix))
+    assert f"imatrix on caption {lost} (w4a16)" in text
     assert "2 of 2 imatrix runs recorded weight_observer: imatrix_mse" in text
     assert "model.safetensors" not in text and identity["hash"] in text
 
