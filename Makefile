@@ -161,14 +161,19 @@ bench-skills: install
 # quantization loses): every arm (the four above and each task's records alone) x w4a16 /
 # w8a8-sq-gptq x 64 and 256 samples x seeds 0-2 (168 quantize + eval runs, 200 held-out items a
 # task each), 256 pool records a task (so that a single-task arm of 256 samples repeats none). Rows
-# in bench/skills_experiment_smol.json (MODEL= an already built folder skips the build). Long: not
-# in `make bench` or `make bench-skills`.
+# in bench/skills_experiment_smol.json (MODEL= an already built folder skips the build). Then plain
+# vs token-weighted GPTQ vs imatrix on it (w4a16, 256 samples, seeds 0-1: 10 runs of about 12
+# minutes on one CPU thread), rows in bench/token_weights_skills_smol.json. Long: not in `make
+# bench` or `make bench-skills`.
 SMOL_SKILLS_MODEL := $(BENCH_WORK)/smol-omni-skills
 bench-skills-smol: install
 	$(if $(MODEL),,$(BIN)/quantkit zoo build smol-omni-skills --output $(SMOL_SKILLS_MODEL) --force)
 	HF_HUB_OFFLINE=1 $(BIN)/python bench/skills_experiment.py --model $(or $(MODEL),$(SMOL_SKILLS_MODEL)) \
 		--work $(BENCH_WORK)/skills-exp-smol --recipes w4a16,w8a8-sq-gptq --sizes 64,256 --seeds 0,1,2 \
 		--items 200 --pool-per-task 256 --write-results bench/RESULTS.md
+	HF_HUB_OFFLINE=1 $(BIN)/python bench/token_weights_experiment.py --model $(or $(MODEL),$(SMOL_SKILLS_MODEL)) \
+		--work $(BENCH_WORK)/tw-smol-skills --settings w4a16-256 --seeds 0,1 --items 200 --pool-per-task 256 \
+		--write-results bench/RESULTS.md
 
 # Re-render every keyed section of bench/RESULTS.md (and the memory-plan table) from the stored
 # rows, measuring nothing: current rows are marked current, stale ones keep their last figures
@@ -182,6 +187,11 @@ bench-render: install
 		--render-only --write-results bench/RESULTS.md
 	$(BIN)/python bench/token_weights_experiment.py --smollm2 --work $(BENCH_WORK)/tw-smol --render-only \
 		--write-results bench/RESULTS.md
+	$(BIN)/quantkit zoo build smol-omni-skills --output $(SMOL_SKILLS_MODEL) --force
+	$(BIN)/python bench/skills_experiment.py --model $(SMOL_SKILLS_MODEL) --results bench/skills_experiment_smol_cpu.json \
+		--render-only --write-results bench/RESULTS.md
+	$(BIN)/python bench/token_weights_experiment.py --model $(SMOL_SKILLS_MODEL) --work $(BENCH_WORK)/tw-smol-skills \
+		--render-only --write-results bench/RESULTS.md
 	$(BIN)/python bench/memory_plan.py render --readme docs/commands/quantize.md
 
 # The Jargon File (Debian's jargon-text) is bench-real's text; installed with apt-get where it is

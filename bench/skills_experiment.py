@@ -1107,7 +1107,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.write_results:
         from _shared import replace_section
 
-        replace_section(args.write_results, f"{SECTION_TITLE} ({suite.SUITE})", text)
+        replace_section(args.write_results, section_title(suite.SUITE, results), text)
+
+
+def section_title(suite: str, results: Path) -> str:
+    """The RESULTS.md heading of ``suite``'s rows in ``results``: a rows file other than the
+    suite's own (RESULTS_FILES; a CPU run's beside a GPU grid's) gets a section of its own, named
+    by the file, so that both are shown."""
+    own = RESULTS_FILES.get(suite)
+    if own is None or Path(results).resolve() == own.resolve():
+        return f"{SECTION_TITLE} ({suite})"
+    return f"{SECTION_TITLE} ({suite}, rows of {Path(results).name})"
 
 
 if __name__ == "__main__":

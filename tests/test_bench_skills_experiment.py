@@ -404,14 +404,26 @@ def test_render_only_writes_the_section_and_marks_rows_of_another_model_stale(tm
     argv = ["--model", str(model), "--results", str(results), "--render-only", "--write-results", str(readme)]
     se.main(argv)
     text = readme.read_text()
-    assert se.SECTION in text and "## Other\n\nkept" in text and "stale" not in text
+    title = se.section_title("tiny-omni-skills", results)  # rows of a file not the suite's own
+    assert title == f"{se.SECTION_TITLE} (tiny-omni-skills, rows of rows.json)"
+    assert title + "\n" in text and "## Other\n\nkept" in text and "stale" not in text
     assert f"made by {state['commit']} (current)" in text
 
     (model / "model.safetensors").write_bytes(b"retrained")
     se.main(argv)
     assert f"stale (measured at {state['commit']})" in readme.read_text()
-    assert readme.read_text().count(se.SECTION) == 1
+    assert readme.read_text().count(title) == 1
     capsys.readouterr()
+
+
+def test_a_cpu_run_beside_the_gpu_grid_gets_a_section_of_its_own():
+    """The suite's own rows file renders under the suite's heading; another file (the smol CPU
+    run's) under a heading naming it, so that RESULTS.md shows both instead of one replacing the
+    other."""
+    own = se.section_title("smol-omni-skills", se.RESULTS_FILES["smol-omni-skills"])
+    cpu = se.section_title("smol-omni-skills", se.ROOT / "bench" / "skills_experiment_smol_cpu.json")
+    assert own == f"{se.SECTION_TITLE} (smol-omni-skills)" and se.section_title("tiny-omni-skills", se.RESULTS) == se.SECTION
+    assert cpu == f"{se.SECTION_TITLE} (smol-omni-skills, rows of skills_experiment_smol_cpu.json)"
 
 
 @pytest.mark.slow
