@@ -582,7 +582,7 @@ def render(
     figures in a table marked stale, left out of every verdict."""
     from _shared import row_mark
 
-    TASKS = tasks_of(suite)
+    tasks = tasks_of(suite)
     judged = judged_tasks(original, plan["items"], suite)
     unmoved = unmoved_tasks(original, runs, judged)
     lines = [intro(plan, identity, original, runs, results, suite), ""]
@@ -600,7 +600,7 @@ def render(
             "| group | task | original | " + " | ".join(arms) + " |",
             "|---|---|---|" + "---|" * len(arms),
         ]
-        for task in TASKS if mine or original else ():
+        for task in tasks if mine or original else ():
             cells = []
             for arm in arms:
                 values = [r["scores"][task.name] for r in mine if r["arm"] == arm]
@@ -647,7 +647,7 @@ def render(
                 "|---|---|---|" + "---|" * len(stale_arms),
             ]
             compared = stale_original or original
-            for task in TASKS:
+            for task in tasks:
                 cells = []
                 for arm in stale_arms:
                     values = [r["scores"][task.name] for r in stale if r["arm"] == arm]
@@ -701,8 +701,8 @@ def closing(
     original, runs, pending, judged, settled, better_any, worse_any, plain_loses, arm_loses=(), unmoved=(), suite=TINY
 ) -> str:
     """The paragraph after the tables: every statement computed from the rows."""
-    TASKS = tasks_of(suite)
-    precision = [t.name for t in TASKS if t.family in PRECISION_FAMILIES]
+    tasks = tasks_of(suite)
+    precision = [t.name for t in tasks if t.family in PRECISION_FAMILIES]
     tested = [t for t in precision if t in judged and t not in unmoved]
     still = [t for t in precision if t in unmoved]
     below = [t for t in precision if t not in judged]
@@ -716,7 +716,7 @@ def closing(
     if original is None:
         out.append("The original's scores are not measured at this code, so no task is judged.")
     else:
-        left = [t.name for t in TASKS if t.name not in judged]
+        left = [t.name for t in tasks if t.name not in judged]
         moved = [t for t in judged if t not in unmoved]
         out.append(
             f"Judged (original clearly above chance) with movement: {words(moved) or 'no task'}"
