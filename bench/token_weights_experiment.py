@@ -428,20 +428,27 @@ def against_plain(runs: list[dict], run: dict) -> dict[str, list[int]] | None:
 def differences(setting: str, runs: list[dict], tasks: list[str]) -> dict[str, tuple[list[str], list[str]]]:
     """Each arm against plain on ``tasks``: (better, worse) task lists, each with arm - plain in
     points and its paired bootstrap 95% interval on the same items (each item's score averaged over
-    the seeds first); a difference counts where the interval excludes 0 (the gate's rule). A task
-    without per-item scores on either side is neither."""
+    the seeds first); a difference counts where the interval excludes 0 (the gate's rule). The
+    interval covers the items, not the calibration draw: where both arms have two seeds or more,
+    the larger of their seed spreads (max - min, in points) is said beside it. A task without
+    per-item scores on either side is neither."""
     mine = [r for r in runs if r["setting"] == setting]
     plain = [r for r in mine if r["arm"] == "plain"]
     out = {}
     for arm in [a for a in ARMS if a != "plain" and any(r["arm"] == a for r in mine)]:
+        rows = [r for r in mine if r["arm"] == arm]
         better, worse = [], []
         for task in tasks:
-            other, base = se.seed_mean_items([r for r in mine if r["arm"] == arm], task), se.seed_mean_items(plain, task)
+            other, base = se.seed_mean_items(rows, task), se.seed_mean_items(plain, task)
             if other and base:
                 figure = se.paired(other, base)
                 side = se.side(figure)
                 if side:
-                    (better if side > 0 else worse).append(f"{task} {se.interval_text(figure)}")
+                    said = f"{task} {se.interval_text(figure)}"
+                    if min(len(rows), len(plain)) > 1:
+                        spread = max(cell([r["scores"][task] for r in group])[1] for group in (rows, plain))
+                        said += f" (seed spread {100 * spread:.1f})"
+                    (better if side > 0 else worse).append(said)
         out[arm] = (better, worse)
     return out
 
@@ -555,7 +562,9 @@ def intro(
         f"mean ± spread (max - min) over seeds. {judged_rule(plan['items'], suite)}. A difference "
         "from plain (arm - plain) and a loss against the original (original - arm) are in points, "
         "paired on the same items (each item's score averaged over an arm's seeds first) with the "
-        "gate's bootstrap 95% interval, and count only where that interval excludes 0. Rows are keyed by the model's identity, "
+        "gate's bootstrap 95% interval, and count only where that interval excludes 0; the interval "
+        "covers the items, not the calibration draw, so a difference from plain names the larger seed "
+        "spread of the two arms (points) where both have two seeds or more. Rows are keyed by the model's identity, "
         "the quantkit modules the run imported, the measuring code, the recipe and the settings "
         "(bench/skills_experiment.py's keys); a row whose key no longer matches keeps its last figures in a table marked stale; "
         '"made by": the commits that measured them. Command: `python bench/token_weights_experiment.py '

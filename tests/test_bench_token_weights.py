@@ -473,7 +473,8 @@ def test_unmoved_tasks_are_named_and_losses_against_the_original_reported():
     loss = se.interval_text(se.paired(items_of(0.25), items_of(0.0)))
     assert loss.startswith("+25.0 [") and f"imatrix on ocr_table {loss} (w4a16)" in text
     worse = se.interval_text(se.paired(items_of(0.0), [1.0] * 5 + [0.5] + [0.0] * 18))  # vs plain's seed mean
-    assert f"Worse than plain beyond the paired interval: imatrix on ocr_table {worse} (w4a16)." in text
+    # plain's seeds 6 and 5 items of 24 apart: the draw's spread is said beside the item interval
+    assert f"Worse than plain beyond the paired interval: imatrix on ocr_table {worse} (seed spread 4.2) (w4a16)." in text
 
 
 def test_a_difference_from_plain_counts_only_beyond_the_paired_interval():
@@ -604,7 +605,7 @@ def test_current_rows_are_reused_and_judged_not_measured(tmp_path, capsys):
     worse = se.interval_text(se.paired(imatrix, items_of(1.0)))
     assert worse.startswith("-45.8 [")  # 13 of 24 items right on average over the two seeds
     assert f"- w4a16, imatrix against plain beyond the paired interval: better on no task; worse on caption {worse}" in text
-    assert f"Worse than plain beyond the paired interval: imatrix on caption {worse} (w4a16)." in text
+    assert f"Worse than plain beyond the paired interval: imatrix on caption {worse} (seed spread 10.0) (w4a16)." in text
     lost = se.interval_text(se.paired(items_of(1.0), imatrix))
     assert f"imatrix on caption {lost} (w4a16)" in text
     assert "2 of 2 imatrix runs recorded weight_observer: imatrix_mse" in text
