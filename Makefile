@@ -162,7 +162,7 @@ bench-skills: install
 # w8a8-sq-gptq x 64 and 256 samples x seeds 0-2 (168 quantize + eval runs, 200 held-out items a
 # task each), 256 pool records a task (so that a single-task arm of 256 samples repeats none). Rows
 # in bench/skills_experiment_smol.json (MODEL= an already built folder skips the build). Then plain
-# vs token-weighted GPTQ vs imatrix on it (w4a16, 256 samples, seeds 0-1: 10 runs of about 12
+# vs token-weighted GPTQ vs imatrix on it (w4a16, 256 samples, seeds 0-1: 10 runs of about 9
 # minutes on one CPU thread), rows in bench/token_weights_skills_smol.json. Long: not in `make
 # bench` or `make bench-skills`.
 SMOL_SKILLS_MODEL := $(BENCH_WORK)/smol-omni-skills
