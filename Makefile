@@ -188,8 +188,9 @@ bench-render: install
 	$(BIN)/python bench/token_weights_experiment.py --smollm2 --work $(BENCH_WORK)/tw-smol --render-only \
 		--write-results bench/RESULTS.md
 	$(BIN)/quantkit zoo build smol-omni-skills --output $(SMOL_SKILLS_MODEL) --force
-	$(BIN)/python bench/skills_experiment.py --model $(SMOL_SKILLS_MODEL) --results bench/skills_experiment_smol_cpu.json \
-		--render-only --write-results bench/RESULTS.md
+	for rows in bench/skills_experiment_smol.json bench/skills_experiment_smol_cpu.json bench/skills_experiment_smol_cpu_w8a8.json; do \
+		$(BIN)/python bench/skills_experiment.py --model $(SMOL_SKILLS_MODEL) --results $$rows \
+			--render-only --write-results bench/RESULTS.md || exit 1; done
 	$(BIN)/python bench/token_weights_experiment.py --model $(SMOL_SKILLS_MODEL) --work $(BENCH_WORK)/tw-smol-skills \
 		--render-only --write-results bench/RESULTS.md
 	$(BIN)/python bench/memory_plan.py render --readme docs/commands/quantize.md
