@@ -295,8 +295,10 @@ def answer_distribution(task: str, suite: str = TINY) -> dict[str, float] | None
     from quantkit.synthetic import skills_tasks as st
 
     if suite != TINY:
-        drawn = [item.answer for item in suite_of(suite).make_items(task, CHANCE_DRAWS, CHANCE_SEED)]
-        return {answer: drawn.count(answer) / len(drawn) for answer in sorted(set(drawn))}
+        from collections import Counter
+
+        drawn = Counter(item.answer for item in suite_of(suite).make_items(task, CHANCE_DRAWS, CHANCE_SEED))
+        return {answer: drawn[answer] / CHANCE_DRAWS for answer in sorted(drawn)}
 
     def uniform(answers) -> dict[str, float]:
         answers = list(answers)
