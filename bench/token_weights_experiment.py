@@ -389,12 +389,6 @@ def unmoved_tasks(original: dict | None, runs: list[dict], tasks: list[str]) -> 
     ]
 
 
-def original_items(original: dict, task: str) -> list[float] | None:
-    """The original's per-item scores on ``task`` (None in a row made before they were kept)."""
-    text = (original.get("item_scores") or {}).get(task)
-    return [float(v) for v in text.split()] if text else None
-
-
 def original_losses(original: dict, rows: list[dict], tasks: list[str]) -> list[str]:
     """The tasks where ``rows`` (one arm's seeds, each item's score averaged over them) lose against
     the original beyond the paired bootstrap 95% interval of original - arm on the same items (the
@@ -402,7 +396,7 @@ def original_losses(original: dict, rows: list[dict], tasks: list[str]) -> list[
     interval. A task without per-item scores on either side is left out."""
     out = []
     for task in tasks:
-        base, mine = original_items(original, task), se.seed_mean_items(rows, task)
+        base, mine = se.seed_mean_items([original], task), se.seed_mean_items(rows, task)
         if base and mine:
             figure = se.paired(base, mine)
             if se.side(figure) == 1:
@@ -557,7 +551,7 @@ def intro(
         f"{suite} {identity['hash']} (a hash of its weights, tokenizer, config files and "
         f"skills.json{record}); its "
         f"original scores {made}. Calibration pool: bench/skills_experiment.py's skills pool, "
-        f"{plan['pool_per_task']} records a task (`quantkit demo-pool --skills --per-task "
+        f"{plan['pool_per_task']} records a task (`quantkit demo-pool --skills --suite {suite} --per-task "
         f"{plan['pool_per_task']}`). Arms, every one on the same stratified calibration samples per "
         f"seed (`quantkit calibrate --size N --seed S`; {same}): {arms}. Settings: {settings}. Every "
         f"checkpoint and the original are scored on the same {plan['items']} held-out items a task; "
@@ -1288,14 +1282,19 @@ def main(argv: list[str] | None = None) -> None:
         unknown += [a for a in se.csv(args.arms or "") if a not in ARMS]
         if unknown:
             parser.error(f"unknown setting or arm: {', '.join(unknown)}")
+    suite = None
+    if not args.smollm2:
+        from quantkit.errors import QuantkitError
+
+        try:
+            suite = se.model_suite(args.model).SUITE
+        except QuantkitError as err:  # no skills.json: not a skills model
+            parser.error(f"--model {args.model}: {err}")
     if args.results is None:
-        args.results = SMOL_RESULTS if args.smollm2 else SKILLS_RESULTS_FILES.get(
-            se.model_suite(args.model).SUITE, SKILLS_RESULTS
-        )
+        args.results = SMOL_RESULTS if args.smollm2 else SKILLS_RESULTS_FILES.get(suite, SKILLS_RESULTS)
     args.work.mkdir(parents=True, exist_ok=True)
     text = smol_main(args) if args.smollm2 else skills_main(args)
     print(text)
-    suite = None if args.smollm2 else se.model_suite(args.model).SUITE
     if args.write_results and suite in SUITE_SECTIONS:
         from _shared import replace_section
 

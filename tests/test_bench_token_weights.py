@@ -147,6 +147,7 @@ def test_smol_figures_replace_the_pending_note_and_keep_the_tiny_part(tmp_path):
     [
         ["--work", "W"],  # the tiny-omni-skills part needs --model
         ["--model", "W", "--work", "W", "--settings", "w3a16"],
+        ["--model", "W", "--work", "W"],  # a folder with no skills.json is not a skills model
         ["--smollm2", "--work", "W", "--smol-settings", "w3a16"],
         ["--smollm2", "--work", "W", "--arms", "vision-down"],  # no vision in SmolLM2
     ],
