@@ -34,6 +34,20 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def cpu_model() -> str:
+    """This machine's CPU model (/proc/cpuinfo's "model name"; else platform's guess, else "?"):
+    CPU kernels differ between models (AMX or not, ...), so a figure carries the CPU it came from."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
 def child_env(code: Path = ROOT) -> dict[str, str]:
     env = dict(os.environ)
     env.update(

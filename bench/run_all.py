@@ -30,22 +30,14 @@ sys.path.insert(0, str(BENCH))
 import cache_and_size  # noqa: E402
 import calibrate_bench  # noqa: E402
 import quantize_overhead  # noqa: E402
-from _shared import REAL_WEIGHTS_HEADING, ROOT, child_env, library_versions, read_section  # noqa: E402
+from _shared import REAL_WEIGHTS_HEADING, ROOT, child_env, cpu_model, library_versions, read_section  # noqa: E402
 
 
 def machine() -> dict:
-    cpu = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     import psutil
 
     return {
-        "cpu": cpu,
+        "cpu": cpu_model(),
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "ram_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "python": platform.python_version(),

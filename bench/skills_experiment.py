@@ -51,6 +51,8 @@ for _path in (ROOT, ROOT / "bench"):
     if str(_path) not in sys.path:
         sys.path.append(str(_path))
 
+from _shared import cpu_model  # noqa: E402
+
 # The arms every suite has; beside them, one single-task arm per task of the model's suite
 # (``single:ocr_digits``: that task's pool records alone) and, per table, the best of those.
 ARMS = ("stratified", "uniform", "text-only", "captions-only")
@@ -284,10 +286,22 @@ def measuring_device() -> str:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
 
-def other_device_rows(data: dict, device: str) -> list[str]:
-    """The devices other than ``device`` that stored rows were measured on (sorted)."""
+def machine_of(row: dict) -> str:
+    """The machine a row was measured on: its GPU's name, else "cpu (CPU MODEL)" (CPU kernels differ
+    between models; rows stored before the model was recorded: "cpu (model not recorded)")."""
+    device = row.get("device", "cpu")
+    return device if device != "cpu" else f"cpu ({row.get('cpu') or 'model not recorded'})"
+
+
+def this_machine() -> str:
+    return machine_of({"device": measuring_device(), "cpu": cpu_model()})
+
+
+def other_device_rows(data: dict, machine: str) -> list[str]:
+    """The machines other than ``machine`` (:func:`machine_of`) that stored rows were measured on
+    (sorted)."""
     rows = [*data["original"].values(), *data["runs"].values()]
-    return sorted({row.get("device", "cpu") for row in rows} - {device})
+    return sorted({machine_of(row) for row in rows} - {machine})
 
 
 def item_text(values: list[float]) -> str:
@@ -365,6 +379,7 @@ def run_row(entry: tuple, measured: dict, settings: dict, identity: dict, state:
         "settings": settings,
         "model": identity,
         **measured,
+        "cpu": cpu_model(),
         "provenance": row_key(run_name(*entry), spec, settings, state, loaded_sources()),
     }
 
@@ -450,7 +465,7 @@ def measured_row(
 def scored_original(model: Path, identity: dict, state: dict, items: int, batch: int, threads: int) -> dict:
     """A worker's job: the original's row."""
     _in_worker(threads)
-    return original_row(model, identity, state, items, batch)
+    return {**original_row(model, identity, state, items, batch), "cpu": cpu_model()}
 
 
 def measure_parallel(
@@ -683,10 +698,10 @@ def made_by(row: dict, expected) -> str:
 
 
 def measured_on(row: dict) -> str:
-    """The machine a row was measured on, with its torch (rows before it was recorded: "cpu")."""
-    device = row.get("device", "cpu")
+    """The machine a row was measured on (:func:`machine_of`), with its torch."""
+    machine = machine_of(row)
     torch_version = ((row.get("provenance") or {}).get("versions") or {}).get("torch")
-    return f"{device} (torch {torch_version})" if torch_version else device
+    return f"{machine}, torch {torch_version}" if torch_version else machine
 
 
 def render(
@@ -1022,7 +1037,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     print(f"model {identity['hash']} (record {identity['record']}); code git {state['commit']}", flush=True)
     if not args.render_only:
-        other = other_device_rows(data, measuring_device())
+        other = other_device_rows(data, this_machine())
         if other:
             parser.error(
                 f"{results} holds rows measured on {', '.join(other)}, not here: runs and the original "
@@ -1053,7 +1068,8 @@ def main(argv: list[str] | None = None) -> None:
         if current(row, expected_original(row, identity, state) if row else None):
             print(f"original: cached (made by {row['provenance']['commit']})", flush=True)
         else:
-            data["original"][name] = original_row(args.model, identity, state, args.items, args.score_batch)
+            row = original_row(args.model, identity, state, args.items, args.score_batch)
+            data["original"][name] = {**row, "cpu": cpu_model()}
             save(results, data)
             print(f"original: scored in {data['original'][name]['seconds']:.0f} s", flush=True)
         pool, built, took = None, set(), []

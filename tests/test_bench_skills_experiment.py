@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench")]
 
 import skills_experiment as se  # noqa: E402
+from _shared import cpu_model  # noqa: E402
 
 from quantkit.synthetic.skills_tasks import TASKS  # noqa: E402
 
@@ -230,7 +231,7 @@ def test_render_tables_intervals_and_a_verdict_line_per_recipe_and_size():
         f"**Verdict, w4a16 at 32 samples:** stratified vs uniform: wins on {task}; ties on {rest}. Stratified vs "
         f"best single-task (single:caption): loses on {task}; ties on {rest}."
     ) in first
-    assert f"made by {STATE['commit']} (current); measured on cpu (torch 1)." in first and "stale" not in text
+    assert f"made by {STATE['commit']} (current); measured on cpu (model not recorded), torch 1." in first and "stale" not in text
     fp8 = text.split("### ")[3]
     assert "No loss or difference intervals: these rows hold no per-item scores" in fp8 and "| - |" not in fp8
     assert "stratified vs uniform: not judged (rows without per-item scores)." in fp8
@@ -314,7 +315,7 @@ def test_a_changed_model_identity_settings_or_code_invalidates_a_row():
     data = {"original": {}, "runs": {se.run_name("w4a16", "stratified", 32, 0): row}}
     stale = se.render(data, *se.expected_keys(data, other_model, STATE))
     assert "### w4a16, 32 calibration samples, stale (measured at abc1234)" in stale
-    assert "made by stale (measured at abc1234); measured on cpu (torch 1)." in stale
+    assert "made by stale (measured at abc1234); measured on cpu (model not recorded), torch 1." in stale
     assert "| group | task |" in stale and "(n=1)" in stale  # its figures, not blanks
     assert "Over the 1 stale tables" in stale and "Over all" not in stale  # kept apart from current tables
     current = se.render(data, *se.expected_keys(data, IDENTITY, STATE))
@@ -337,7 +338,7 @@ def test_a_gpu_row_is_checked_with_its_own_machines_libraries():
     assert not se.current(on_cpu, se.expected_run(on_cpu, IDENTITY, STATE))
     data = {"original": {}, "runs": {se.run_name("w4a16", "stratified", 32, 0): row}}
     text = se.render(data, *se.expected_keys(data, IDENTITY, STATE))
-    assert "measured on NVIDIA H200 (torch 2.11.0+cu130)." in text and "stale" not in text
+    assert "measured on NVIDIA H200, torch 2.11.0+cu130." in text and "stale" not in text
 
 
 def test_model_identity_follows_the_weights_tokenizer_configs_and_skills_manifest(tmp_path):
@@ -367,23 +368,33 @@ def test_model_identity_follows_the_weights_tokenizer_configs_and_skills_manifes
     assert first["record"] == record
 
 
-def test_measuring_into_a_file_of_another_machines_rows_is_refused(tmp_path, capsys):
-    """Runs and the original are keyed without the device: a CPU run added to the H200's rows
+@pytest.mark.parametrize(
+    "device, cpu, shown",
+    [
+        ("NVIDIA H200", None, "NVIDIA H200"),
+        ("cpu", f"{cpu_model()} (another model)", f"cpu ({cpu_model()} (another model))"),
+        ("cpu", None, "cpu (model not recorded)"),
+    ],
+)
+def test_measuring_into_a_file_of_another_machines_rows_is_refused(tmp_path, capsys, device, cpu, shown):
+    """Runs and the original are keyed without the machine: a CPU run added to the H200's rows
     would be paired with the H200's original (whose scores differ: 0.865 against 0.88 on
-    smol's ocr_digits). Measuring is refused before anything runs; rendering still works."""
+    smol's ocr_digits), and another CPU model's kernels differ too (the demo's figures moved
+    between an Intel Xeon and an AMD EPYC). Measuring is refused before anything runs;
+    rendering still works."""
     model = tmp_path / "model"
     model.mkdir()
     (model / "model.safetensors").write_bytes(b"weights")
     (model / "skills.json").write_text(json.dumps({"suite": "tiny-omni-skills"}))
     row = fake_row("w4a16", "stratified", 32, 0, {}, identity=se.model_identity(model))
-    row["device"] = "NVIDIA H200"
+    row |= {"device": device} | ({"cpu": cpu} if cpu else {})
     results = tmp_path / "rows.json"
     results.write_text(json.dumps({"original": {}, "runs": {se.run_name("w4a16", "stratified", 32, 0): row}}))
     argv = ["--model", str(model), "--results", str(results), "--work", str(tmp_path / "work")]
     with pytest.raises(SystemExit) as raised:
         se.main([*argv, "--recipes", "w4a16", "--sizes", "32", "--seeds", "0"])
     assert raised.value.code == 2
-    assert "holds rows measured on NVIDIA H200" in capsys.readouterr().err
+    assert f"holds rows measured on {shown}, not here" in capsys.readouterr().err
     assert not (tmp_path / "work").exists()
     se.main([*argv, "--render-only"])
 
@@ -488,7 +499,8 @@ def test_runs_measured_in_parallel_are_the_rows_a_sequential_run_reuses(zoo_mode
     data = json.loads(results.read_text())
     assert set(data["runs"]) == {"w4a16/uniform/2/0", "w4a16/text-only/2/0"} and len(data["original"]) == 1
     for row in [*data["runs"].values(), *data["original"].values()]:
-        assert row["device"] == "cpu" and len(row["item_scores"][TASK_NAMES[0]].split()) == 2
+        assert row["device"] == "cpu" and row["cpu"] == cpu_model()
+        assert len(row["item_scores"][TASK_NAMES[0]].split()) == 2
     se.main(argv)
     out = capsys.readouterr().out
     assert "original: cached" in out and out.count(": cached (made by") == 3
