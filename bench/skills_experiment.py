@@ -605,20 +605,26 @@ def outcome(difference: dict) -> str:
     return {None: "not judged", -1: "wins", 0: "ties", 1: "loses"}[side(difference)]
 
 
-def best_single(rows: list[dict], tasks: list[str]) -> tuple[str, dict[str, float]] | None:
-    """(the best single-task arm, every single-task arm's mean score): the mean over tasks of the
-    per-task mean over seeds, highest first; a tie goes to the arm first in the suite's task order.
-    None without a single-task arm."""
+def best_single(rows: list[dict], tasks: list[str]) -> tuple[str, dict[str, float], list[int]] | None:
+    """(the best single-task arm, every single-task arm's mean score, the seeds it was chosen on):
+    the mean over tasks of the per-task mean over the seeds every single-task arm was measured at
+    (all its seeds where they share none), highest first; a tie goes to the arm first in the
+    suite's task order. So a screen of every single-task arm on seed 0, with the chosen one then
+    measured on more seeds, is judged on seed 0 alone, not one arm's three seeds against another's
+    one. None without a single-task arm."""
     singles = [SINGLE + t for t in tasks if any(r["arm"] == SINGLE + t for r in rows)]
     if not singles:
         return None
+    shared = set.intersection(*({r["seed"] for r in rows if r["arm"] == arm} for arm in singles))
+    chosen_on = [r for r in rows if r["seed"] in shared] if shared else rows
     means = {
         arm: statistics.mean(
-            statistics.mean(r["scores"][task] for r in rows if r["arm"] == arm) for task in tasks
+            statistics.mean(r["scores"][task] for r in chosen_on if r["arm"] == arm) for task in tasks
         )
         for arm in singles
     }
-    return max(singles, key=lambda arm: (means[arm], -singles.index(arm))), means
+    seeds = sorted({r["seed"] for r in chosen_on if r["arm"] in singles})
+    return max(singles, key=lambda arm: (means[arm], -singles.index(arm))), means, seeds
 
 
 def compared_arms(rows: list[dict], tasks: list[str]) -> list[tuple[str, str]]:
@@ -727,8 +733,9 @@ def render(
         "llm-compressor's multimodal examples calibrate on), and one single-task arm per task "
         "(`single:TASK`: that task's records alone; an arm with fewer records than samples repeats "
         f"them). The **{BEST_SINGLE}** arm of a table is its single-task arm with the highest mean "
-        "score over the tasks (ties: the first in task order); it is chosen on the same items it is "
-        "then compared on, which favours it. Every checkpoint and the original are scored on the "
+        "score over the tasks (ties: the first in task order), over the seeds every single-task arm "
+        "was measured at (a screen of them on one seed picks the arm then measured on every seed); "
+        "it is chosen on the same items it is then compared on, which favours it. Every checkpoint and the original are scored on the "
         "same held-out items. Scores: mean ± spread (max - min) over seeds, n seeds. Loss against "
         "the original (original - arm) and difference from stratified (arm - stratified) are in "
         "points (100 x the mean per-item difference): each arm's per-item scores are first averaged "
@@ -823,7 +830,7 @@ def render(
         best = best_single(rows, names)
         if best:
             lines += [
-                "Single-task arms, mean score over the tasks: "
+                f"Single-task arms, mean score over the tasks (seeds {', '.join(map(str, best[2]))}): "
                 + ", ".join(f"{arm} {mean:.3f}" for arm, mean in best[1].items())
                 + f"; {BEST_SINGLE}: {best[0]}.",
                 "",
