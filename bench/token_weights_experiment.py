@@ -787,7 +787,7 @@ def note(data: dict) -> str:
 def skills_main(args) -> str:
     """Measure the planned runs (and the original) whose stored row is not current (none with
     --render-only) and render from the current rows of ``args.results``."""
-    from _shared import loaded_sources
+    from _shared import cpu_model, loaded_sources
 
     identity = se.model_identity(args.model)
     suite = se.model_suite(args.model)
@@ -807,12 +807,29 @@ def skills_main(args) -> str:
     settings = run_settings(plan)
     print(f"model {identity['hash']} (record {identity['record']}); code git {state['commit']}", flush=True)
 
+    checked_machine = []
+
+    def measuring_here() -> None:
+        """skills_experiment's rule, checked before the first thing measured: rows are keyed
+        without the machine, so one measured here is never paired with another machine's."""
+        if not checked_machine:
+            other = se.other_device_rows(data, se.this_machine())
+            if other:
+                print(
+                    f"{args.results} holds rows measured on {', '.join(other)}, not here "
+                    f"({se.this_machine()}): pass another --results",
+                    file=sys.stderr,
+                )
+                raise SystemExit(2)
+            checked_machine.append(True)
+
     name = se.original_name(identity, plan["items"])
     original = stale_original = data["original"].get(name)
     if not se.current(original, se.expected_original(original, identity, state) if original else None):
         original = None
         if not args.render_only:
-            original = se.original_row(args.model, identity, state, plan["items"])
+            measuring_here()
+            original = se.original_row(args.model, identity, state, plan["items"]) | {"cpu": cpu_model()}
             data["original"][name] = original
             se.save(args.results, data)
     runs, pending, pool, built = [], [], None, set()
@@ -829,9 +846,11 @@ def skills_main(args) -> str:
                     status = f"stale: made by {commit} with another model, code or settings" if row else "missing"
                     pending.append({"setting": setting, "arm": arm, "seed": seed, "status": status, "row": row})
                     continue
+                measuring_here()
                 if pool is None:
                     pool = se.write_pool(args.work, plan["pool_per_task"], suite)
                 row = measure_run(args.model, pool, args.work, setting, arm, seed, plan["items"], built, suite)
+                row |= {"device": se.measuring_device(), "cpu": cpu_model()}
                 row["settings"] = settings
                 row["model"] = identity
                 row["provenance"] = se.row_key(key, run_spec(setting, arm, identity), settings, state, loaded_sources())

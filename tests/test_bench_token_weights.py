@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "bench")]
 
 import token_weights_experiment as tw  # noqa: E402
+from _shared import cpu_model  # noqa: E402
 
 
 def smol_runs(kl_by_arm: dict[str, list[float]], setting: str = "w4a16") -> list[dict]:
@@ -838,12 +839,24 @@ def test_a_real_run_is_reused_while_its_inputs_stand_and_remeasured_after_a_conf
     (original,) = first["original"].values()
     capsys.readouterr()
 
+    assert run["device"] == original["device"] == "cpu" and run["cpu"] == original["cpu"] == cpu_model()
+
     tw.main(argv)  # nothing changed: the stored rows stand, nothing is measured
     assert json.loads(results.read_text()) == first
     assert '"arm": "plain"' not in capsys.readouterr().out  # a measured row is printed as JSON
 
     config = model / "generation_config.json"
     config.write_text(config.read_text() + "\n")
+    # rows of another CPU model: nothing is measured into their file (it would pair two machines)
+    elsewhere = json.loads(results.read_text())
+    for row in [*elsewhere["runs"].values(), *elsewhere["original"].values()]:
+        row["cpu"] = f"{cpu_model()} (another model)"
+    results.write_text(json.dumps(elsewhere))
+    with pytest.raises(SystemExit) as refused:
+        tw.main(argv)
+    assert refused.value.code == 2 and "(another model)), not here" in capsys.readouterr().err
+    assert json.loads(results.read_text()) == elsewhere
+    results.write_text(json.dumps(first))
     tw.main(argv)
     after = json.loads(results.read_text())
     (remeasured,) = after["runs"].values()
