@@ -58,6 +58,7 @@ from _shared import cpu_model  # noqa: E402
 ARMS = ("stratified", "uniform", "text-only", "captions-only")
 SINGLE = "single:"
 ALL_SINGLE = "single"  # --arms: every task's single-task arm
+SCREENED_SINGLE = "best-single"  # --arms: the best single-task arm of the stored screen, per table
 BEST_SINGLE = "best single-task"
 TEXT_MODALITY = "text"  # the text-only arm: the suite's tasks of this modality (chat text)
 CAPTION_FAMILY = "short_caption"  # the captions-only arm: what llm-compressor's examples calibrate on
@@ -627,6 +628,27 @@ def best_single(rows: list[dict], tasks: list[str]) -> tuple[str, dict[str, floa
     return max(singles, key=lambda arm: (means[arm], -singles.index(arm))), means, seeds
 
 
+def screened_single(
+    data: dict, recipe: str, size: int, identity: dict, state: dict, settings: dict
+) -> tuple[str, list[int]] | None:
+    """What ``--arms best-single`` measures for (recipe, size): the best single-task arm
+    (:func:`best_single`) among the stored rows of that table that stand for the code, model and
+    settings as they are, and the seeds it was chosen on; None where none is stored (a screen,
+    e.g. ``--seeds 0 --arms single``, comes first)."""
+    rows = [
+        row
+        for row in data["runs"].values()
+        if row["recipe"] == recipe
+        and row["size"] == size
+        and row["arm"].startswith(SINGLE)
+        and current(row, expected_run(row, identity, state, settings))
+    ]
+    if not rows:
+        return None
+    best, _, seeds = best_single(rows, [t.name for t in suite_tasks(rows)])
+    return best, seeds
+
+
 def compared_arms(rows: list[dict], tasks: list[str]) -> list[tuple[str, str]]:
     """(label, arm) of each column: the shared arms measured, then the best single-task arm."""
     shown = [(a, a) for a in ARMS if any(r["arm"] == a for r in rows)]
@@ -986,8 +1008,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--arms",
         default=",".join([*ARMS, ALL_SINGLE]),
-        help=f"comma separated: {', '.join(ARMS)}, {SINGLE}TASK (one task's records alone) or "
-        f"{ALL_SINGLE} (every task's single-task arm)",
+        help=f"comma separated: {', '.join(ARMS)}, {SINGLE}TASK (one task's records alone), "
+        f"{ALL_SINGLE} (every task's single-task arm) or {SCREENED_SINGLE} (per recipe and size, the "
+        "best single-task arm of the stored rows: a screen measured first, e.g. --seeds 0 --arms single)",
     )
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--sizes", default="32,128", help="calibration set sizes, comma separated")
@@ -1014,7 +1037,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--model {args.model}: {err}")
     known = suite_arms(suite)
     arms = [a for part in csv(args.arms) for a in (known[len(ARMS) :] if part == ALL_SINGLE else [part])]
-    unknown = [a for a in arms if a not in known]
+    unknown = [a for a in arms if a not in [*known, SCREENED_SINGLE]]
     if unknown:
         parser.error(f"unknown arms: {', '.join(unknown)} (known for {suite.SUITE}: {', '.join(known)})")
     results = args.results or RESULTS_FILES.get(
@@ -1033,6 +1056,24 @@ def main(argv: list[str] | None = None) -> None:
         "pool_seed": POOL_SEED,
         "score_batch": args.score_batch,
     }
+    print(f"model {identity['hash']} (record {identity['record']}); code git {state['commit']}", flush=True)
+    table_arms = {}
+    for size in csv(args.sizes):
+        for recipe in csv(args.recipes):
+            table_arms[recipe, int(size)] = list(dict.fromkeys(arms))
+            if SCREENED_SINGLE in arms and not args.render_only:
+                screened = screened_single(data, recipe, int(size), identity, state, settings)
+                if screened is None:
+                    parser.error(
+                        f"--arms {SCREENED_SINGLE}: {results} holds no current single-task row of {recipe} "
+                        f"at {size} samples; measure a screen first (e.g. --seeds 0 --arms single)"
+                    )
+                best, seeds = screened
+                print(f"{SCREENED_SINGLE} of {recipe} at {size} samples: {best} (chosen on seeds "
+                      f"{', '.join(map(str, seeds))})", flush=True)  # fmt: skip
+                table_arms[recipe, int(size)] = list(
+                    dict.fromkeys(best if arm == SCREENED_SINGLE else arm for arm in arms)
+                )
     # Seed by seed (a first seed of every table comes before any second one): what a run cut short
     # leaves is a comparison, not one arm's seeds.
     plan = [
@@ -1040,9 +1081,8 @@ def main(argv: list[str] | None = None) -> None:
         for seed in csv(args.seeds)
         for size in csv(args.sizes)
         for recipe in csv(args.recipes)
-        for arm in arms
+        for arm in table_arms[recipe, int(size)]
     ]
-    print(f"model {identity['hash']} (record {identity['record']}); code git {state['commit']}", flush=True)
     if not args.render_only:
         other = other_device_rows(data, this_machine())
         if other:

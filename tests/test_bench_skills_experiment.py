@@ -184,6 +184,65 @@ def test_the_best_single_task_arm_is_the_highest_mean_over_tasks():
     assert se.best_single([r for r in rows if r["arm"] == "stratified"], TASK_NAMES) is None
 
 
+def test_best_single_resolves_per_table_from_the_current_screen_rows_only():
+    """``--arms best-single`` measures, per recipe and size, the best single-task arm of the
+    stored screen: rows of another table or made by other code do not decide it."""
+    first = TASK_NAMES[0]
+    data = fake_data({"single:caption": [{first: 0.6}], "single:asr": [{first: 0.7}], "uniform": [{first: 1.0}]})
+    assert se.screened_single(data, "w4a16", 32, IDENTITY, STATE, SETTINGS) == ("single:asr", [0])
+    other_table = fake_data({"single:caption": [{first: 0.9}]}, recipe="fp8")["runs"]
+    data["runs"] |= other_table | fake_data({"single:caption": [{first: 0.9}]}, size=128)["runs"]
+    assert se.screened_single(data, "w4a16", 32, IDENTITY, STATE, SETTINGS) == ("single:asr", [0])
+    assert se.screened_single(data, "fp8", 32, IDENTITY, STATE, SETTINGS) == ("single:caption", [0])
+    stale = {name: row | {"provenance": {**row["provenance"], "key": "x"}} for name, row in data["runs"].items()}
+    assert se.screened_single({"runs": stale}, "w4a16", 32, IDENTITY, STATE, SETTINGS) is None
+    assert se.screened_single(data, "w4a16", 64, IDENTITY, STATE, SETTINGS) is None
+
+
+def test_best_single_without_a_screen_is_refused_before_anything_runs(tmp_path, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights")
+    (model / "skills.json").write_text(json.dumps({"suite": "tiny-omni-skills"}))
+    argv = ["--model", str(model), "--results", str(tmp_path / "rows.json"), "--work", str(tmp_path / "work")]
+    with pytest.raises(SystemExit) as raised:
+        se.main([*argv, "--recipes", "w4a16", "--sizes", "32", "--seeds", "1", "--arms", "stratified,best-single"])
+    assert raised.value.code == 2
+    assert "no current single-task row of w4a16 at 32 samples; measure a screen first" in capsys.readouterr().err
+    assert not (tmp_path / "work").exists() and not (tmp_path / "rows.json").exists()
+
+
+def test_best_single_measures_the_screens_winner(tmp_path, capsys):
+    """With a screen stored (current rows of this code, model, settings and machine), ``--arms
+    stratified,best-single`` plans stratified and the screen's best single-task arm: here every
+    planned run is stored already, so both are reported cached and nothing is measured."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights")
+    (model / "skills.json").write_text(json.dumps({"suite": "tiny-omni-skills"}))
+    identity, state, first = se.model_identity(model), se.code_state(), TASK_NAMES[0]
+    here = {"device": "cpu", "cpu": cpu_model()}
+    data = fake_data(
+        {"stratified": [{first: 0.9}], "single:caption": [{first: 0.6}], "single:asr": [{first: 0.7}]}
+    )
+    for row in data["runs"].values():
+        row |= here | {"model": identity}
+        row["provenance"] = se.expected_run(row, identity, state, SETTINGS)
+    original = here | {"items": SETTINGS["items"], "model": identity, "scores": dict.fromkeys(TASK_NAMES, 1.0)}
+    original["provenance"] = se.expected_original(original | {"provenance": {"files": None}}, identity, state)
+    data["original"][se.original_name(identity, SETTINGS["items"])] = original
+    results = tmp_path / "rows.json"
+    results.write_text(json.dumps(data))
+    se.main([
+        "--model", str(model), "--results", str(results), "--work", str(tmp_path / "work"), "--recipes", "w4a16",
+        "--sizes", "32", "--seeds", "0", "--arms", "stratified,best-single", "--items", "8", "--pool-per-task", "4",
+    ])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "best-single of w4a16 at 32 samples: single:asr (chosen on seeds 0)" in out
+    assert "[1/2] w4a16/stratified/32/0: cached" in out and "[2/2] w4a16/single:asr/32/0: cached" in out
+    assert json.loads(results.read_text()) == data
+
+
 def test_the_best_single_task_arm_is_chosen_on_the_seeds_every_single_task_arm_shares():
     """A screen: every single-task arm on seed 0, the chosen one then on seeds 1 and 2. Seed 0
     alone decides: single:caption's later seeds (better than single:asr's seed 0) do not turn the
