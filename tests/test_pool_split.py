@@ -277,7 +277,13 @@ def test_the_cli_takes_workers_and_refuses_zero(demo_pool, tmp_path):
 
 
 def _children() -> list[int]:
-    """This process's child processes (running or not yet reaped)."""
+    """This process's child processes (running or not yet reaped), but multiprocessing's resource
+    tracker: once a test of the session has run a spawn-context pool in this process (the skills
+    experiment's --workers), the tracker lives as long as the process; a fork-based split never
+    starts it, so it is no child the split left behind."""
+    from multiprocessing import resource_tracker
+
+    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
     me = os.getpid()
     found = []
     for entry in Path("/proc").iterdir():
@@ -286,7 +292,7 @@ def _children() -> list[int]:
                 stat = (entry / "stat").read_text()
             except OSError:
                 continue
-            if int(stat.rpartition(")")[2].split()[1]) == me:
+            if int(stat.rpartition(")")[2].split()[1]) == me and int(entry.name) != tracker:
                 found.append(int(entry.name))
     return found
 
