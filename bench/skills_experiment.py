@@ -294,8 +294,13 @@ def machine_of(row: dict) -> str:
     return device if device != "cpu" else f"cpu ({row.get('cpu') or 'model not recorded'})"
 
 
+def machine_fields() -> dict:
+    """What a stored row records of the machine measuring it (every row gets these)."""
+    return {"device": measuring_device(), "cpu": cpu_model()}
+
+
 def this_machine() -> str:
-    return machine_of({"device": measuring_device(), "cpu": cpu_model()})
+    return machine_of(machine_fields())
 
 
 def other_device_rows(data: dict, machine: str) -> list[str]:
@@ -380,7 +385,7 @@ def run_row(entry: tuple, measured: dict, settings: dict, identity: dict, state:
         "settings": settings,
         "model": identity,
         **measured,
-        "cpu": cpu_model(),
+        **machine_fields(),
         "provenance": row_key(run_name(*entry), spec, settings, state, loaded_sources()),
     }
 
@@ -466,7 +471,7 @@ def measured_row(
 def scored_original(model: Path, identity: dict, state: dict, items: int, batch: int, threads: int) -> dict:
     """A worker's job: the original's row."""
     _in_worker(threads)
-    return {**original_row(model, identity, state, items, batch), "cpu": cpu_model()}
+    return {**original_row(model, identity, state, items, batch), **machine_fields()}
 
 
 def measure_parallel(
@@ -1116,7 +1121,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"original: cached (made by {row['provenance']['commit']})", flush=True)
         else:
             row = original_row(args.model, identity, state, args.items, args.score_batch)
-            data["original"][name] = {**row, "cpu": cpu_model()}
+            data["original"][name] = {**row, **machine_fields()}
             save(results, data)
             print(f"original: scored in {data['original'][name]['seconds']:.0f} s", flush=True)
         pool, built, took = None, set(), []

@@ -787,7 +787,7 @@ def note(data: dict) -> str:
 def skills_main(args) -> str:
     """Measure the planned runs (and the original) whose stored row is not current (none with
     --render-only) and render from the current rows of ``args.results``."""
-    from _shared import cpu_model, loaded_sources
+    from _shared import loaded_sources
 
     identity = se.model_identity(args.model)
     suite = se.model_suite(args.model)
@@ -829,7 +829,7 @@ def skills_main(args) -> str:
         original = None
         if not args.render_only:
             measuring_here()
-            original = se.original_row(args.model, identity, state, plan["items"]) | {"cpu": cpu_model()}
+            original = se.original_row(args.model, identity, state, plan["items"]) | se.machine_fields()
             data["original"][name] = original
             se.save(args.results, data)
     runs, pending, pool, built = [], [], None, set()
@@ -850,7 +850,7 @@ def skills_main(args) -> str:
                 if pool is None:
                     pool = se.write_pool(args.work, plan["pool_per_task"], suite)
                 row = measure_run(args.model, pool, args.work, setting, arm, seed, plan["items"], built, suite)
-                row |= {"device": se.measuring_device(), "cpu": cpu_model()}
+                row |= se.machine_fields()
                 row["settings"] = settings
                 row["model"] = identity
                 row["provenance"] = se.row_key(key, run_spec(setting, arm, identity), settings, state, loaded_sources())
