@@ -9,7 +9,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 TV_META := $(VLLM_VENV)/lib/python3.11/site-packages/torchvision/_meta_registrations.py
 
-.PHONY: install vllm-env envs demo demo-real test test-quick lint clean checkpoints bench bench-real bench-memory bench-skills bench-skills-smol bench-skills-smol-cpu bench-render jargon-text
+.PHONY: install vllm-env envs demo demo-real test test-quick lint clean checkpoints bench bench-real bench-memory bench-skills bench-skills-smol bench-skills-smol-cpu bench-skills-smol-skewed bench-render jargon-text
 
 # pip install --no-compile: pip byte-compiles every .py file it installs (all of torch, transformers,
 # vLLM ...), while Python compiles on first import only the modules a command uses, once. Measured
@@ -181,15 +181,25 @@ bench-skills-smol: install
 # CPU's kernels move the figures, and the script refuses to mix them). Instead of all ten
 # single-task arms on every seed, a seed-0 screen of the three the GPU run ranked first (ocr_table,
 # grounding, ocr_digits) picks each table's best, which seeds 1 and 2 then measure (best-single).
-SMOL_CPU_GRID := HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python bench/skills_experiment.py \
-	--model $(or $(MODEL),$(SMOL_SKILLS_MODEL)) --work $(BENCH_WORK)/skills-exp-smol-cpu \
-	--results bench/skills_experiment_smol_cpu.json --recipes w4a16,w8a8-sq-gptq --sizes 256,64 \
-	--items 200 --pool-per-task 256 --workers 2 --threads 1 --write-results bench/RESULTS.md
+SMOL_CPU := HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python bench/skills_experiment.py \
+	--model $(or $(MODEL),$(SMOL_SKILLS_MODEL)) --items 200 --pool-per-task 256 --workers 2 --threads 1 \
+	--write-results bench/RESULTS.md
+SMOL_CPU_GRID := $(SMOL_CPU) --work $(BENCH_WORK)/skills-exp-smol-cpu \
+	--results bench/skills_experiment_smol_cpu.json --recipes w4a16,w8a8-sq-gptq --sizes 256,64
 bench-skills-smol-cpu: install
 	$(if $(MODEL),,$(BIN)/quantkit zoo build smol-omni-skills --output $(SMOL_SKILLS_MODEL) --force)
 	$(SMOL_CPU_GRID) --seeds 0 \
 		--arms stratified,uniform,text-only,captions-only,single:ocr_table,single:grounding,single:ocr_digits
 	$(SMOL_CPU_GRID) --seeds 1,2 --arms stratified,uniform,text-only,captions-only,best-single
+
+# The balanced pool above holds every task equally, so a uniform draw is already half precision
+# samples. Users' data rarely is: here each precision task keeps 16 records, captions, chat and the
+# other perceptual tasks 256 (--pool-keep), and stratified meets uniform where uniform draws few
+# precision samples. Rows of their own file (the same machine rule).
+bench-skills-smol-skewed: install
+	$(if $(MODEL),,$(BIN)/quantkit zoo build smol-omni-skills --output $(SMOL_SKILLS_MODEL) --force)
+	$(SMOL_CPU) --work $(BENCH_WORK)/skills-exp-smol-skewed --results bench/skills_experiment_smol_cpu_skewed.json \
+		--pool-keep precision=16 --recipes w4a16 --sizes 256 --seeds 0,1,2 --arms stratified,uniform
 
 # Re-render every keyed section of bench/RESULTS.md (and the memory-plan table) from the stored
 # rows, measuring nothing: current rows are marked current, stale ones keep their last figures
@@ -204,7 +214,8 @@ bench-render: install
 	$(BIN)/python bench/token_weights_experiment.py --smollm2 --work $(BENCH_WORK)/tw-smol --render-only \
 		--write-results bench/RESULTS.md
 	$(BIN)/quantkit zoo build smol-omni-skills --output $(SMOL_SKILLS_MODEL) --force
-	for rows in bench/skills_experiment_smol.json bench/skills_experiment_smol_cpu.json; do \
+	for rows in bench/skills_experiment_smol.json bench/skills_experiment_smol_cpu.json \
+		bench/skills_experiment_smol_cpu_skewed.json; do \
 		$(BIN)/python bench/skills_experiment.py --model $(SMOL_SKILLS_MODEL) --results $$rows \
 			--render-only --write-results bench/RESULTS.md || exit 1; done
 	$(BIN)/python bench/token_weights_experiment.py --model $(SMOL_SKILLS_MODEL) --work $(BENCH_WORK)/tw-smol-skills \

@@ -187,7 +187,7 @@ def expected_run(row: dict, identity: dict, state: dict, settings: dict | None =
     name = run_name(row["recipe"], row["arm"], row["size"], row["seed"])
     spec = run_spec(row["recipe"], row["arm"], row["size"], identity)
     files = (row.get("provenance") or {}).get("files")
-    settings = settings if settings is not None else row["settings"]
+    settings = settings if settings is not None else settings_now(row["settings"])
     return row_key(name, spec, settings, row_state(row, state), files)
 
 
@@ -225,6 +225,89 @@ def write_pool(work: Path, per_task: int, suite=None) -> Path:
 
     write_skills_pool(work / "pool", per_task=per_task, seed=POOL_SEED, force=True, suite=suite)
     return work / "pool" / "pool.jsonl"
+
+
+# --pool-keep: a pool skewed as a user's training data often is (captions and chat plenty, the
+# precision tasks few). PRECISION_GROUP names every task the suite marks precision.
+PRECISION_GROUP = "precision"
+KEPT_POOL = "pool-kept.jsonl"
+
+
+def kept_pool(pool: Path, keep: dict[str, int], suite) -> Path:
+    """``pool`` with only the first N records of each task named in ``keep`` (task -> N; a task's
+    records are in the order its items were drawn, so the first N are as random as any N), written
+    beside it (the media are shared); every other task keeps all its records."""
+    families = {suite.TASKS_BY_NAME[name].family: count for name, count in keep.items()}
+    seen: dict[str, int] = {}
+    lines = []
+    for record in pool_records(pool):
+        seen[record["task"]] = seen.get(record["task"], 0) + 1
+        if seen[record["task"]] <= families.get(record["task"], seen[record["task"]]):
+            lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+    path = pool.with_name(KEPT_POOL)
+    path.write_text("".join(lines), encoding="utf-8")
+    return path
+
+
+def kept_code() -> str:
+    """The hash of :func:`kept_pool`'s code: part of a skewed run's settings (only its rows run it)."""
+    import mixed_precision as mp
+
+    return mp.code_state((kept_pool,), {})["bench"][:16]
+
+
+def parse_pool_keep(text: str, suite, per_task: int) -> dict[str, int]:
+    """``--pool-keep`` (``precision=16`` or ``ocr_table=16,asr=8``: TASK or the precision group =
+    records kept) as task -> count, in the suite's task order. Raises ValueError saying what is wrong."""
+    keep: dict[str, int] = {}
+    for part in csv(text):
+        name, sep, value = part.partition("=")
+        if not sep or not value.strip().isdigit():
+            raise ValueError(f"{part!r} is not TASK=N (N a whole number)")
+        name, count = name.strip(), int(value)
+        if name == PRECISION_GROUP:
+            names = [t.name for t in suite.TASKS if getattr(t, "precision", False)]
+            if not names:
+                raise ValueError(f"{suite.SUITE} marks no task as precision; name the tasks")
+        elif name in suite.TASKS_BY_NAME:
+            names = [name]
+        else:
+            raise ValueError(f"unknown task {name!r} (known: {PRECISION_GROUP}, {', '.join(suite.TASKS_BY_NAME)})")
+        if not 1 <= count < per_task:
+            raise ValueError(f"{part}: keep between 1 and {per_task - 1} records (--pool-per-task is {per_task})")
+        keep.update(dict.fromkeys(names, count))
+    families = [suite.TASKS_BY_NAME[n].family for n in keep]
+    shared = sorted({f for f in families if families.count(f) > 1})
+    if shared:
+        raise ValueError(f"tasks of one taxonomy family ({', '.join(shared)}) cannot be kept apart")
+    return {t.name: keep[t.name] for t in suite.TASKS if t.name in keep}
+
+
+def experiment_pool(work: Path, per_task: int, suite, keep: dict[str, int] | None) -> Path:
+    """The pool every arm draws from: the suite's skills pool, skewed by ``keep`` when given."""
+    pool = write_pool(work, per_task, suite)
+    return kept_pool(pool, keep, suite) if keep else pool
+
+
+def settings_now(settings: dict) -> dict:
+    """``settings`` with a skewed pool's code hash as the code is now (a stored row keeps the
+    hash it was measured with: comparing with that would never find it stale)."""
+    if "pool_keep" not in settings:
+        return settings
+    return {**settings, "pool_keep": {**settings["pool_keep"], "code": kept_code()}}
+
+
+def pool_text(settings: dict) -> str:
+    """How a table's pool was made, in words."""
+    text = f"pool {settings['pool_per_task']} records a task"
+    kept = (settings.get("pool_keep") or {}).get("tasks")
+    if kept:
+        counts: dict[int, list[str]] = {}
+        for name, count in kept.items():
+            counts.setdefault(count, []).append(name)
+        text += " but " + "; ".join(f"{', '.join(names)} {count} each" for count, names in counts.items())
+        text += " (skewed: `--pool-keep`)"
+    return text
 
 
 def suite_arms(suite) -> list[str]:
@@ -491,7 +574,8 @@ def measure_parallel(
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    pool = write_pool(args.work, args.pool_per_task, model_suite(args.model))
+    keep = (settings.get("pool_keep") or {}).get("tasks")
+    pool = experiment_pool(args.work, args.pool_per_task, model_suite(args.model), keep)
     started = time.monotonic()
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as executor:
         jobs: dict = {}
@@ -831,7 +915,9 @@ def render(
                 else ""
             ),
             "",
-            f"Seeds {', '.join(map(str, seeds))}; {items} held-out items a task; model {model}"
+            f"Seeds {', '.join(map(str, seeds))}; {items} held-out items a task; "
+            + ", ".join(sorted({pool_text(r["settings"]) for r in rows}))
+            + f"; model {model}"
             + (f" (zoo record {record[:12]})" if record else "")
             + f"; made by {', '.join(sorted(set(marks)))}; measured on "
             + ", ".join(sorted({measured_on(r) for r in [*rows, *([original] if original else [])]}))
@@ -1022,6 +1108,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--items", type=int, default=24, help="held-out items per task")
     parser.add_argument("--pool-per-task", type=int, default=24)
     parser.add_argument(
+        "--pool-keep",
+        metavar="TASK=N,...",
+        help=f"skew the pool as users' data often is: keep only N records of each task named "
+        f"({PRECISION_GROUP}=N: every task the suite marks precision), all --pool-per-task of the others",
+    )
+    parser.add_argument(
         "--score-batch", type=int, default=SCORE_BATCH, help="held-out items per generate call (64 on a GPU)"
     )
     parser.add_argument(
@@ -1061,6 +1153,13 @@ def main(argv: list[str] | None = None) -> None:
         "pool_seed": POOL_SEED,
         "score_batch": args.score_batch,
     }
+    keep = None
+    if args.pool_keep:
+        try:
+            keep = parse_pool_keep(args.pool_keep, suite, args.pool_per_task)
+        except ValueError as err:
+            parser.error(f"--pool-keep: {err}")
+        settings["pool_keep"] = {"tasks": keep, "code": kept_code()}
     print(f"model {identity['hash']} (record {identity['record']}); code git {state['commit']}", flush=True)
     table_arms = {}
     for size in csv(args.sizes):
@@ -1141,7 +1240,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{head}: measuring", flush=True)
             clock = time.monotonic()
             if pool is None:
-                pool = write_pool(args.work, args.pool_per_task, suite)
+                pool = experiment_pool(args.work, args.pool_per_task, suite, keep)
             try:
                 measured = measure_run(
                     args.model,

@@ -361,6 +361,79 @@ def test_every_arm_draws_from_its_own_records_for_either_suite(tmp_path):
         assert prompts <= expected, arm
 
 
+def test_a_skewed_pool_keeps_the_first_records_of_the_named_tasks_and_every_arm_draws_from_it(tmp_path):
+    """--pool-keep precision=2: each precision task of smol-omni-skills keeps its first 2 records,
+    the other tasks all 4; the uniform arm draws from that pool, never from a record left out."""
+    from quantkit.synthetic import smol_tasks
+
+    keep = se.parse_pool_keep("precision=2", smol_tasks, 4)
+    precision = [t.name for t in smol_tasks.TASKS if t.precision]
+    assert keep == dict.fromkeys(precision, 2) and len(precision) == 5
+    pool = se.experiment_pool(tmp_path / "work", 4, smol_tasks, keep)
+    assert pool.name == se.KEPT_POOL
+    records = se.pool_records(pool)
+    for task in smol_tasks.TASKS:
+        ids = [r["id"] for r in records if r["task"] == task.family]
+        count = 2 if task.precision else 4
+        assert ids == [f"{task.name}-{i:04d}" for i in range(count)], task.name
+    for record in records:
+        for path in record["images"] + record["videos"] + record["audios"]:
+            assert (pool.parent / path).is_file()
+    samples, _ = se.arm_samples("uniform", pool, tmp_path, len(records), 0, tmp_path, set(), smol_tasks)
+    kept = {r["messages"][0]["content"] for r in records}
+    assert {s.messages[0]["content"] for s in samples} == kept
+    # tasks named one by one
+    assert se.parse_pool_keep("ocr_table=1,asr=3", smol_tasks, 4) == {"ocr_table": 1, "asr": 3}
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("ocr_table", "'ocr_table' is not TASK=N"),
+        ("ocr_table=x", "'ocr_table=x' is not TASK=N"),
+        ("arithmetic=2", "unknown task 'arithmetic'"),
+        ("ocr_table=4", "ocr_table=4: keep between 1 and 3 records"),
+        ("ocr_table=0", "ocr_table=0: keep between 1 and 3 records"),
+    ],
+)
+def test_a_pool_keep_that_cannot_be_done_is_refused_with_the_reason(tmp_path, capsys, text, said):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights")
+    (model / "skills.json").write_text(json.dumps({"suite": "smol-omni-skills"}))
+    argv = ["--model", str(model), "--results", str(tmp_path / "rows.json"), "--pool-per-task", "4"]
+    with pytest.raises(SystemExit) as raised:
+        se.main([*argv, "--pool-keep", text])
+    assert raised.value.code == 2
+    assert f"--pool-keep: {said}" in capsys.readouterr().err
+    assert not (tmp_path / "rows.json").exists()
+
+
+def test_tiny_omni_skills_marks_no_precision_task_so_the_group_is_refused():
+    from quantkit.synthetic import skills_tasks
+
+    with pytest.raises(ValueError, match="marks no task as precision; name the tasks"):
+        se.parse_pool_keep("precision=2", skills_tasks, 4)
+
+
+def test_a_skewed_pool_is_a_setting_of_its_rows_and_of_their_table(monkeypatch):
+    """A skewed run's row is keyed with the tasks kept and the code that keeps them: other counts
+    or changed code make it stale; its table says how its pool was made."""
+    skewed = SETTINGS | {"pool_keep": {"tasks": {"caption": 2}, "code": se.kept_code()}}
+    row = fake_row("w4a16", "uniform", 32, 0, {}) | {"settings": skewed}
+    row["provenance"] = se.expected_run(row | {"provenance": {"files": ["quantkit/errors.py"]}}, IDENTITY, STATE)
+    assert se.current(row, se.expected_run(row, IDENTITY, STATE))
+    assert not se.current(row, se.expected_run(row, IDENTITY, STATE, SETTINGS))
+    fewer = skewed | {"pool_keep": {**skewed["pool_keep"], "tasks": {"caption": 1}}}
+    assert not se.current(row, se.expected_run(row, IDENTITY, STATE, fewer))
+    data = {"original": {}, "runs": {se.run_name("w4a16", "uniform", 32, 0): row}}
+    text = se.render(data, *se.expected_keys(data, IDENTITY, STATE))
+    assert "pool 4 records a task but caption 2 each (skewed: `--pool-keep`)" in text and "stale" not in text
+    monkeypatch.setattr(se, "kept_code", lambda: "0" * 16)  # kept_pool's code changed since
+    assert not se.current(row, se.expected_run(row, IDENTITY, STATE))
+    assert "stale" in se.render(data, *se.expected_keys(data, IDENTITY, STATE))
+
+
 def test_arms_come_from_the_models_suite_and_unknown_ones_are_refused(tmp_path, capsys):
     model = tmp_path / "model"
     model.mkdir()
