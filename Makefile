@@ -199,7 +199,7 @@ bench-skills-smol-cpu: install
 bench-skills-smol-skewed: install
 	$(if $(MODEL),,$(BIN)/quantkit zoo build smol-omni-skills --output $(SMOL_SKILLS_MODEL) --force)
 	$(SMOL_CPU) --work $(BENCH_WORK)/skills-exp-smol-skewed --results bench/skills_experiment_smol_cpu_skewed.json \
-		--pool-keep precision=16 --recipes w4a16 --sizes 256 --seeds 0,1,2 --arms stratified,uniform
+		--pool-keep precision=16 --recipes w4a16 --sizes 256,64 --seeds 0,1,2 --arms stratified,uniform
 
 # Re-render every keyed section of bench/RESULTS.md (and the memory-plan table) from the stored
 # rows, measuring nothing: current rows are marked current, stale ones keep their last figures

@@ -297,13 +297,13 @@ def settings_now(settings: dict) -> dict:
     return {**settings, "pool_keep": {**settings["pool_keep"], "code": kept_code()}}
 
 
-def pool_text(settings: dict) -> str:
-    """How a table's pool was made, in words."""
+def pool_text(settings: dict, order: list[str]) -> str:
+    """How a table's pool was made, in words (tasks named in ``order``: the suite's)."""
     text = f"pool {settings['pool_per_task']} records a task"
     kept = (settings.get("pool_keep") or {}).get("tasks")
     if kept:
         counts: dict[int, list[str]] = {}
-        for name, count in kept.items():
+        for name, count in sorted(kept.items(), key=lambda item: order.index(item[0])):
             counts.setdefault(count, []).append(name)
         text += " but " + "; ".join(f"{', '.join(names)} {count} each" for count, names in counts.items())
         text += " (skewed: `--pool-keep`)"
@@ -916,7 +916,7 @@ def render(
             ),
             "",
             f"Seeds {', '.join(map(str, seeds))}; {items} held-out items a task; "
-            + ", ".join(sorted({pool_text(r["settings"]) for r in rows}))
+            + ", ".join(sorted({pool_text(r["settings"], names) for r in rows}))
             + f"; model {model}"
             + (f" (zoo record {record[:12]})" if record else "")
             + f"; made by {', '.join(sorted(set(marks)))}; measured on "

@@ -419,7 +419,9 @@ def test_tiny_omni_skills_marks_no_precision_task_so_the_group_is_refused():
 def test_a_skewed_pool_is_a_setting_of_its_rows_and_of_their_table(monkeypatch):
     """A skewed run's row is keyed with the tasks kept and the code that keeps them: other counts
     or changed code make it stale; its table says how its pool was made."""
-    skewed = SETTINGS | {"pool_keep": {"tasks": {"caption": 2}, "code": se.kept_code()}}
+    # stored as JSON with sorted keys; shown in the suite's task order
+    kept = {"arithmetic": 2, "caption": 2}
+    skewed = SETTINGS | {"pool_keep": {"tasks": kept, "code": se.kept_code()}}
     row = fake_row("w4a16", "uniform", 32, 0, {}) | {"settings": skewed}
     row["provenance"] = se.expected_run(row | {"provenance": {"files": ["quantkit/errors.py"]}}, IDENTITY, STATE)
     assert se.current(row, se.expected_run(row, IDENTITY, STATE))
@@ -428,7 +430,9 @@ def test_a_skewed_pool_is_a_setting_of_its_rows_and_of_their_table(monkeypatch):
     assert not se.current(row, se.expected_run(row, IDENTITY, STATE, fewer))
     data = {"original": {}, "runs": {se.run_name("w4a16", "uniform", 32, 0): row}}
     text = se.render(data, *se.expected_keys(data, IDENTITY, STATE))
-    assert "pool 4 records a task but caption 2 each (skewed: `--pool-keep`)" in text and "stale" not in text
+    first, second = sorted(kept, key=TASK_NAMES.index)
+    said = f"pool 4 records a task but {first}, {second} 2 each (skewed: `--pool-keep`)"
+    assert said in text and "stale" not in text
     monkeypatch.setattr(se, "kept_code", lambda: "0" * 16)  # kept_pool's code changed since
     assert not se.current(row, se.expected_run(row, IDENTITY, STATE))
     assert "stale" in se.render(data, *se.expected_keys(data, IDENTITY, STATE))
