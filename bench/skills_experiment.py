@@ -8,7 +8,10 @@ text only (the suite's text-task records), captions only (its short-caption reco
 llm-compressor's examples calibrate on), and ``single:TASK`` per task (that task's records
 alone); an arm with fewer records than samples repeats them. Each recipe x size x seed x arm is
 quantized, then scored with ``quantkit.eval.skills.score_model`` on the same held-out items as the
-original, item by item (the per-item scores are stored: the pairing).
+original, item by item (the per-item scores are stored: the pairing). ``--pool-keep
+precision=16`` (or ``TASK=N,...``) skews the pool as users' data often is: the named tasks keep
+only their first N records, the others all ``--pool-per-task``; its rows are keyed with it and
+their tables say so (a skewed pool's rows go in a results file of their own).
 
     python bench/skills_experiment.py --model DIR --work /tmp/skills-exp \
         --recipes w4a16,w8a8-sq-gptq,fp8 --sizes 32,128 --seeds 0,1 --items 24 \
