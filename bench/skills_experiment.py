@@ -292,6 +292,11 @@ def experiment_pool(work: Path, per_task: int, suite, keep: dict[str, int] | Non
     return kept_pool(pool, keep, suite) if keep else pool
 
 
+def kept_tasks(settings: dict) -> dict[str, int] | None:
+    """The tasks a run's pool kept fewer records of (task -> N), None for the whole pool."""
+    return (settings.get("pool_keep") or {}).get("tasks")
+
+
 def settings_now(settings: dict) -> dict:
     """``settings`` with a skewed pool's code hash as the code is now (a stored row keeps the
     hash it was measured with: comparing with that would never find it stale)."""
@@ -303,7 +308,7 @@ def settings_now(settings: dict) -> dict:
 def pool_text(settings: dict, order: list[str]) -> str:
     """How a table's pool was made, in words (tasks named in ``order``: the suite's)."""
     text = f"pool {settings['pool_per_task']} records a task"
-    kept = (settings.get("pool_keep") or {}).get("tasks")
+    kept = kept_tasks(settings)
     if kept:
         counts: dict[int, list[str]] = {}
         for name, count in sorted(kept.items(), key=lambda item: order.index(item[0])):
@@ -577,8 +582,7 @@ def measure_parallel(
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    keep = (settings.get("pool_keep") or {}).get("tasks")
-    pool = experiment_pool(args.work, args.pool_per_task, model_suite(args.model), keep)
+    pool = experiment_pool(args.work, args.pool_per_task, model_suite(args.model), kept_tasks(settings))
     started = time.monotonic()
     with ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as executor:
         jobs: dict = {}
@@ -1156,7 +1160,6 @@ def main(argv: list[str] | None = None) -> None:
         "pool_seed": POOL_SEED,
         "score_batch": args.score_batch,
     }
-    keep = None
     if args.pool_keep:
         try:
             keep = parse_pool_keep(args.pool_keep, suite, args.pool_per_task)
@@ -1243,7 +1246,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{head}: measuring", flush=True)
             clock = time.monotonic()
             if pool is None:
-                pool = experiment_pool(args.work, args.pool_per_task, suite, keep)
+                pool = experiment_pool(args.work, args.pool_per_task, suite, kept_tasks(settings))
             try:
                 measured = measure_run(
                     args.model,

@@ -661,3 +661,30 @@ def test_runs_measured_in_parallel_are_the_rows_a_sequential_run_reuses(zoo_mode
     out = capsys.readouterr().out
     assert "original: cached" in out and out.count(": cached (made by") == 3
     assert json.loads(results.read_text()) == data
+
+
+def test_a_skewed_run_measures_on_the_kept_pool_and_is_another_row_than_the_whole_pools(
+    zoo_model, tmp_path, capsys
+):
+    """--pool-keep caption=1: the run draws from the kept pool, its row records what was kept and
+    is reused with the same option; without it the same run is another measurement."""
+    model = zoo_model("tiny-omni-skills")
+    results = tmp_path / "rows.json"
+    argv = [
+        "--model", str(model), "--work", str(tmp_path / "work"), "--results", str(results),
+        "--recipes", "w4a16", "--arms", "captions-only", "--sizes", "2", "--seeds", "0",
+        "--items", "2", "--pool-per-task", "2", "--threads", "1",
+    ]  # fmt: skip
+    se.main([*argv, "--pool-keep", "caption=1"])
+    kept = se.pool_records(tmp_path / "work" / "pool" / se.KEPT_POOL)
+    assert [r["id"] for r in kept if r["task"] == "short_caption"] == ["caption-0000"]
+    assert len(kept) == 2 * len(TASK_NAMES) - 1
+    (row,) = json.loads(results.read_text())["runs"].values()
+    assert row["settings"]["pool_keep"] == {"tasks": {"caption": 1}, "code": se.kept_code()}
+    assert "pool 2 records a task but caption 1 each" in capsys.readouterr().out
+    se.main([*argv, "--pool-keep", "caption=1"])
+    assert "w4a16/captions-only/2/0: cached" in capsys.readouterr().out
+    se.main(argv)
+    assert "w4a16/captions-only/2/0: stored row made with another model, code or settings" in (
+        capsys.readouterr().out
+    )
