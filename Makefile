@@ -195,7 +195,7 @@ bench-skills-smol-cpu: install
 # The balanced pool above holds every task equally, so a uniform draw is already half precision
 # samples. Users' data rarely is: here each precision task keeps 16 records, captions, chat and the
 # other perceptual tasks 256 (--pool-keep), and stratified meets uniform where uniform draws few
-# precision samples. Rows of their own file (the same machine rule).
+# precision samples (12 runs, about 45 minutes). Rows of their own file (the same machine rule).
 bench-skills-smol-skewed: install
 	$(if $(MODEL),,$(BIN)/quantkit zoo build smol-omni-skills --output $(SMOL_SKILLS_MODEL) --force)
 	$(SMOL_CPU) --work $(BENCH_WORK)/skills-exp-smol-skewed --results bench/skills_experiment_smol_cpu_skewed.json \
