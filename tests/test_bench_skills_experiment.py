@@ -83,6 +83,24 @@ STRATIFIED_ITEMS = [float(i % 2) for i in range(ITEMS)]
 ARM_ITEMS = [0.0 if i % 2 and i < 16 else v for i, v in enumerate(STRATIFIED_ITEMS)]
 
 
+def tiny_run_argv(model: Path, tmp_path: Path, arms: str) -> list[str]:
+    """main()'s arguments for one w4a16 run per arm of tiny-omni-skills: 2 samples, 2 items."""
+    return [
+        "--model", str(model), "--work", str(tmp_path / "work"), "--results", str(tmp_path / "rows.json"),
+        "--recipes", "w4a16", "--arms", arms, "--sizes", "2", "--seeds", "0",
+        "--items", "2", "--pool-per-task", "2", "--threads", "1",
+    ]  # fmt: skip
+
+
+def suite_model(tmp_path: Path, suite: str = "smol-omni-skills") -> Path:
+    """A folder that names ``suite`` in its skills.json (enough for arms and options to be checked)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights")
+    (model / "skills.json").write_text(json.dumps({"suite": suite}))
+    return model
+
+
 def test_the_difference_from_stratified_pairs_the_same_items():
     """arm - stratified on the same items, with the gate's paired bootstrap: stratified's lead of
     8 items in 60 is beyond the interval; the same scores with the arm's items in another order
@@ -397,10 +415,7 @@ def test_a_skewed_pool_keeps_the_first_records_of_the_named_tasks_and_every_arm_
     ],
 )
 def test_a_pool_keep_that_cannot_be_done_is_refused_with_the_reason(tmp_path, capsys, text, said):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "model.safetensors").write_bytes(b"weights")
-    (model / "skills.json").write_text(json.dumps({"suite": "smol-omni-skills"}))
+    model = suite_model(tmp_path)
     argv = ["--model", str(model), "--results", str(tmp_path / "rows.json"), "--pool-per-task", "4"]
     with pytest.raises(SystemExit) as raised:
         se.main([*argv, "--pool-keep", text])
@@ -439,10 +454,7 @@ def test_a_skewed_pool_is_a_setting_of_its_rows_and_of_their_table(monkeypatch):
 
 
 def test_arms_come_from_the_models_suite_and_unknown_ones_are_refused(tmp_path, capsys):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "model.safetensors").write_bytes(b"weights")
-    (model / "skills.json").write_text(json.dumps({"suite": "smol-omni-skills"}))
+    model = suite_model(tmp_path)
     argv = ["--model", str(model), "--results", str(tmp_path / "rows.json"), "--render-only"]
     with pytest.raises(SystemExit) as raised:
         se.main([*argv, "--arms", "stratified,single:arithmetic"])
@@ -643,13 +655,8 @@ def test_a_run_is_measured_once_then_reused(zoo_model, tmp_path, capsys):
 def test_runs_measured_in_parallel_are_the_rows_a_sequential_run_reuses(zoo_model, tmp_path, capsys):
     """``--workers 2``: the original and two runs in spawned processes, each saved with its
     per-item scores and where it was measured; the sequential path then finds every row current."""
-    model = zoo_model("tiny-omni-skills")
     results = tmp_path / "rows.json"
-    argv = [
-        "--model", str(model), "--work", str(tmp_path / "work"), "--results", str(results),
-        "--recipes", "w4a16", "--arms", "uniform,text-only", "--sizes", "2", "--seeds", "0",
-        "--items", "2", "--pool-per-task", "2", "--threads", "1",
-    ]  # fmt: skip
+    argv = tiny_run_argv(zoo_model("tiny-omni-skills"), tmp_path, "uniform,text-only")
     se.main([*argv, "--workers", "2"])
     assert "measuring 2 in 2 processes" in capsys.readouterr().out
     data = json.loads(results.read_text())
@@ -663,18 +670,14 @@ def test_runs_measured_in_parallel_are_the_rows_a_sequential_run_reuses(zoo_mode
     assert json.loads(results.read_text()) == data
 
 
+@pytest.mark.slow
 def test_a_skewed_run_measures_on_the_kept_pool_and_is_another_row_than_the_whole_pools(
     zoo_model, tmp_path, capsys
 ):
     """--pool-keep caption=1: the run draws from the kept pool, its row records what was kept and
     is reused with the same option; without it the same run is another measurement."""
-    model = zoo_model("tiny-omni-skills")
     results = tmp_path / "rows.json"
-    argv = [
-        "--model", str(model), "--work", str(tmp_path / "work"), "--results", str(results),
-        "--recipes", "w4a16", "--arms", "captions-only", "--sizes", "2", "--seeds", "0",
-        "--items", "2", "--pool-per-task", "2", "--threads", "1",
-    ]  # fmt: skip
+    argv = tiny_run_argv(zoo_model("tiny-omni-skills"), tmp_path, "captions-only")
     se.main([*argv, "--pool-keep", "caption=1"])
     kept = se.pool_records(tmp_path / "work" / "pool" / se.KEPT_POOL)
     assert [r["id"] for r in kept if r["task"] == "short_caption"] == ["caption-0000"]
