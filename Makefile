@@ -195,11 +195,12 @@ bench-skills-smol-cpu: install
 # The balanced pool above holds every task equally, so a uniform draw is already half precision
 # samples. Users' data rarely is: here each precision task keeps 16 records, captions, chat and the
 # other perceptual tasks 256 (--pool-keep), and stratified meets uniform where uniform draws few
-# precision samples (12 runs, about 45 minutes). Rows of their own file (the same machine rule).
+# precision samples, and ocr_table's 16 records alone (the balanced grid's best single-task set,
+# repeated to fill the set): 18 runs, about 70 minutes. Rows of their own file (the same machine rule).
 bench-skills-smol-skewed: install
 	$(if $(MODEL),,$(BIN)/quantkit zoo build smol-omni-skills --output $(SMOL_SKILLS_MODEL) --force)
 	$(SMOL_CPU) --work $(BENCH_WORK)/skills-exp-smol-skewed --results bench/skills_experiment_smol_cpu_skewed.json \
-		--pool-keep precision=16 --recipes w4a16 --sizes 256,64 --seeds 0,1,2 --arms stratified,uniform
+		--pool-keep precision=16 --recipes w4a16 --sizes 256,64 --seeds 0,1,2 --arms stratified,uniform,single:ocr_table
 
 # Re-render every keyed section of bench/RESULTS.md (and the memory-plan table) from the stored
 # rows, measuring nothing: current rows are marked current, stale ones keep their last figures
